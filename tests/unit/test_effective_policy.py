@@ -1,0 +1,53 @@
+import pytest
+
+from controlplane.policies.effective import DEFAULT_POLICY, PolicyError, merge_policy
+
+
+def test_defaults_when_nothing_is_set():
+    policy, sources = merge_policy(None, None)
+    assert policy == DEFAULT_POLICY
+    assert set(sources.values()) == {"default"}
+
+
+def test_model_override_beats_cluster_which_beats_default():
+    cluster = {"_source": "cluster", "ttft_p95_ms": 2500, "itl_p95_ms": 40}
+    model = {"_source": "model", "ttft_p95_ms": 800}
+    policy, sources = merge_policy(cluster, model)
+    assert policy.ttft_p95_ms == 800 and sources["ttft_p95_ms"] == "model"
+    assert policy.itl_p95_ms == 40 and sources["itl_p95_ms"] == "cluster"
+    assert policy.attainment == DEFAULT_POLICY.attainment and sources["attainment"] == "default"
+
+
+def test_none_in_a_layer_means_inherit():
+    policy, _ = merge_policy({"ttft_p95_ms": 2000}, {"ttft_p95_ms": None})
+    assert policy.ttft_p95_ms == 2000
+
+
+def test_unknown_field_is_an_error():
+    with pytest.raises(PolicyError) as exc:
+        merge_policy({"ttft_p59_ms": 1})
+    assert exc.value.errors == {"ttft_p59_ms": "unknown policy field"}
+
+
+def test_cross_layer_contradiction_is_caught_after_merging():
+    # Each layer is fine alone; together min > max.
+    with pytest.raises(PolicyError) as exc:
+        merge_policy({"max_decode_workers": 2}, {"min_decode_workers": 3})
+    assert "min_decode_workers" in exc.value.errors
+
+
+@pytest.mark.parametrize(
+    "layer,field",
+    [
+        ({"attainment": 1.5}, "attainment"),
+        ({"ttft_p95_ms": 0}, "ttft_p95_ms"),
+        ({"rebalancing_mode": "yolo"}, "rebalancing_mode"),
+        ({"hysteresis": 1.0}, "hysteresis"),
+        ({"max_changes_per_cycle": 0}, "max_changes_per_cycle"),
+        ({"rebalance_interval_s": 1}, "rebalance_interval_s"),
+    ],
+)
+def test_out_of_range_values(layer, field):
+    with pytest.raises(PolicyError) as exc:
+        merge_policy(layer)
+    assert field in exc.value.errors
