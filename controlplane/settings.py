@@ -178,7 +178,7 @@ PROMETHEUS_URL = _cfg["prometheus_url"]
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
-LOGIN_URL = "/login/"
+LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = _cfg["time_zone"]
