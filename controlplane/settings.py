@@ -29,6 +29,7 @@ def _settings_from_env():
             "database_url": ec.env_url(ENV, "DATABASE_URL", ec.DATABASE_SCHEMES),
             "redis_url": ec.env_url(ENV, "REDIS_URL", ec.REDIS_SCHEMES),
             "prometheus_url": ec.env_url(ENV, "PROMETHEUS_URL", {"http", "https"}),
+            "metrics_token": ec.read_secret(ENV, "METRICS_TOKEN"),
             "log_level": ec.env_str(ENV, "LOG_LEVEL", "INFO").upper(),
             "time_zone": ec.env_str(ENV, "TIME_ZONE", "UTC"),
         }
@@ -173,6 +174,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {}
 
 PROMETHEUS_URL = _cfg["prometheus_url"]
+METRICS_TOKEN = _cfg["metrics_token"]
 
 # --- Auth, i18n, static ---------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [

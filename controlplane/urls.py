@@ -2,6 +2,8 @@ from django.contrib import admin
 from django.http import JsonResponse
 from django.urls import include, path
 
+from controlplane.observability.views import metrics_view, prometheus_targets_view
+
 
 def healthz(request):
     return JsonResponse({"status": "ok"})
@@ -9,7 +11,10 @@ def healthz(request):
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
+    path("metrics", metrics_view, name="metrics"),
     path("admin/", admin.site.urls),
+    # Before the API include: a plain view Prometheus can call with a bearer token.
+    path("api/v1/prometheus/targets", prometheus_targets_view, name="prometheus-targets"),
     path("api/", include("controlplane.api.urls")),
     path("routing/", include("controlplane.routing.urls")),
     path("telemetry/", include("controlplane.telemetry.urls")),

@@ -1,0 +1,1 @@
+"""pdplane's own observability: Prometheus reads, /metrics exposition, service discovery."""

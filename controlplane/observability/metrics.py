@@ -1,0 +1,131 @@
+"""pdplane's own Prometheus metrics.
+
+Counters and histograms are incremented where the work happens (ingest, planner, routing
+push, webhook delivery, Celery tasks). When ``PROMETHEUS_MULTIPROC_DIR`` is set (the
+launcher and the Docker image set it) every process writes its samples there and
+:func:`exposition` merges them, so several ASGI or Celery processes report one total.
+Figures that live in the database or Redis (gateway lag, agents connected) are read at
+scrape time by :class:`StateCollector` instead of being pushed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+from prometheus_client.core import GaugeMetricFamily
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+REPORTS_INGESTED = Counter(
+    "pdplane_agent_reports_ingested_total", "Agent reports accepted and written to hot state"
+)
+REPORT_LAG = Histogram(
+    "pdplane_agent_report_lag_seconds",
+    "Agent clock at report creation to hot-state write",
+    buckets=LATENCY_BUCKETS,
+)
+MESSAGES_REJECTED = Counter(
+    "pdplane_agent_messages_rejected_total", "Agent messages refused, by reason", ["reason"]
+)
+PLANNING_DURATION = Histogram(
+    "pdplane_planning_duration_seconds", "One planning cycle of one cluster",
+    buckets=LATENCY_BUCKETS,
+)
+PLANS = Counter("pdplane_plans_total", "Plans produced, by outcome", ["outcome"])
+ROUTING_PUSHES = Counter(
+    "pdplane_routing_pushes_total", "Routing table pushes to gateways, by result", ["result"]
+)
+ROUTING_PUSH_LATENCY = Histogram(
+    "pdplane_routing_push_seconds", "Time for a gateway to ACK or NACK a push",
+    buckets=LATENCY_BUCKETS,
+)
+WEBHOOK_DELIVERIES = Counter(
+    "pdplane_webhook_deliveries_total", "Webhook delivery attempts, by result", ["result"]
+)
+WEBHOOK_LATENCY = Histogram(
+    "pdplane_webhook_delivery_seconds", "Webhook delivery attempt duration",
+    buckets=LATENCY_BUCKETS,
+)
+CELERY_TASK_DURATION = Histogram(
+    "pdplane_celery_task_seconds", "Celery task run time, by task", ["task"],
+    buckets=LATENCY_BUCKETS,
+)
+
+
+class StateCollector:
+    """Gauges computed at scrape time from the database and hot state."""
+
+    def collect(self):
+        from controlplane.topology.models import Gateway, Node
+
+        nodes = GaugeMetricFamily("pdplane_nodes", "Nodes by liveness status", labels=["status"])
+        counts: dict[str, int] = {}
+        for status in Node.objects.values_list("status", flat=True):
+            counts[status] = counts.get(status, 0) + 1
+        for status, count in sorted(counts.items()):
+            nodes.add_metric([status], count)
+        yield nodes
+
+        lag = GaugeMetricFamily(
+            "pdplane_gateway_version_lag",
+            "Routing table versions the gateway is behind the latest",
+            labels=["cluster", "gateway"],
+        )
+        latest = _latest_table_versions()
+        for gw in Gateway.objects.select_related("cluster"):
+            behind = max(latest.get(gw.cluster_id, 0) - gw.applied_table_version, 0)
+            lag.add_metric([gw.cluster.name, gw.name], behind)
+        yield lag
+
+
+def _latest_table_versions() -> dict[int, int]:
+    try:
+        from django.db.models import Max
+
+        from controlplane.routing.models import RoutingTableVersion
+    except ImportError:
+        return {}
+    return dict(
+        RoutingTableVersion.objects.values_list("cluster_id").annotate(v=Max("version"))
+    )
+
+
+def exposition() -> tuple[bytes, str]:
+    """Render every metric of this deployment (all processes when multiprocess is on)."""
+    registry = CollectorRegistry()
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        multiprocess.MultiProcessCollector(registry)
+    else:
+        from prometheus_client import REGISTRY
+
+        registry = REGISTRY
+    output = generate_latest(registry)
+    state = CollectorRegistry()
+    state.register(StateCollector())
+    return output + generate_latest(state), CONTENT_TYPE_LATEST
+
+
+def install_celery_hooks() -> None:
+    """Time every Celery task (connected once, from controlplane.celery)."""
+    from celery.signals import task_postrun, task_prerun
+
+    started: dict[str, float] = {}
+
+    @task_prerun.connect(weak=False)
+    def _start(task_id=None, **_):
+        started[task_id] = time.perf_counter()
+
+    @task_postrun.connect(weak=False)
+    def _stop(task_id=None, task=None, **_):
+        begun = started.pop(task_id, None)
+        if begun is not None and task is not None:
+            CELERY_TASK_DURATION.labels(task.name).observe(time.perf_counter() - begun)

@@ -1,0 +1,136 @@
+"""Read fleet latency from Prometheus (when ``PROMETHEUS_URL`` is set).
+
+Pure of Django: the planner's glue passes the URL in. Each query is bounded by a timeout,
+results are cached for one planning cycle, and every failure — Prometheus down, a query
+error, or simply no data yet — comes back as ``None`` so the caller falls back to the
+figures the agents computed. Both the current and the older vLLM metric names are asked
+for in one expression with PromQL ``or``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+from prometheus_api_client import PrometheusConnect
+
+log = logging.getLogger(__name__)
+
+# Histogram families, newest name first (shared/reference/ENGINES.md).
+TTFT_BUCKETS = ("vllm:time_to_first_token_seconds_bucket",)
+ITL_BUCKETS = (
+    "vllm:inter_token_latency_seconds_bucket",
+    "vllm:time_per_output_token_seconds_bucket",
+)
+PREFIX_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
+PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+
+
+@dataclass(frozen=True)
+class LatencyFigures:
+    """What Prometheus says about one served model or one worker over a window."""
+
+    ttft_p50_s: float | None
+    ttft_p95_s: float | None
+    itl_p50_s: float | None
+    itl_p95_s: float | None
+    request_rate: float | None
+    prompt_tokens_per_s: float | None
+    generation_tokens_per_s: float | None
+    prefix_hit_rate: float | None
+    kv_usage: float | None
+    source: str = "prometheus"
+
+    @property
+    def has_latency(self) -> bool:
+        return self.ttft_p95_s is not None or self.itl_p95_s is not None
+
+
+def _selector(labels: dict[str, str]) -> str:
+    def quote(value: str) -> str:
+        return value.replace("\\", "\\\\").replace('"', '\\"')
+
+    return "{" + ",".join(f'{k}="{quote(v)}"' for k, v in sorted(labels.items())) + "}"
+
+
+def _either(names: tuple[str, ...], labels: dict[str, str], template: str) -> str:
+    """``template`` applied to each metric name, joined with ``or`` (old and new names)."""
+    sel = _selector(labels)
+    return " or ".join(f"({template.format(m=name + sel)})" for name in names)
+
+
+def quantile_query(q: float, names: tuple[str, ...], labels: dict[str, str], window: str) -> str:
+    inner = _either(names, labels, f"sum by (le) (rate({{m}}[{window}]))")
+    return f"histogram_quantile({q}, {inner})"
+
+
+def rate_query(names: tuple[str, ...], labels: dict[str, str], window: str) -> str:
+    return _either(names, labels, f"sum(rate({{m}}[{window}]))")
+
+
+class FleetLatencyReader:
+    """Queries Prometheus for per-model and per-worker figures, cached for ``cache_s``."""
+
+    def __init__(self, url: str, *, timeout_s: float = 3.0, cache_s: float = 30.0,
+                 window: str = "5m"):
+        self.url = url
+        self.timeout_s = timeout_s
+        self.cache_s = cache_s
+        self.window = window
+        self._client = PrometheusConnect(url=url, disable_ssl=True, timeout=timeout_s)
+        self._cache: dict[tuple, tuple[float, LatencyFigures | None]] = {}
+
+    def model_figures(self, model_name: str) -> LatencyFigures | None:
+        return self._figures({"model_name": model_name})
+
+    def worker_figures(self, model_name: str, worker: str) -> LatencyFigures | None:
+        """``worker`` is the target label pdplane's service discovery attaches."""
+        return self._figures({"model_name": model_name, "worker": worker})
+
+    def _figures(self, labels: dict[str, str]) -> LatencyFigures | None:
+        key = tuple(sorted(labels.items()))
+        cached = self._cache.get(key)
+        now = time.monotonic()
+        if cached and now - cached[0] < self.cache_s:
+            return cached[1]
+        try:
+            figures = self._query_all(labels)
+        except Exception as exc:  # requests, JSON and Prometheus errors alike
+            log.warning("prometheus query failed (%s); falling back to agent figures", exc)
+            figures = None
+        self._cache[key] = (now, figures)
+        return figures
+
+    def _scalar(self, query: str) -> float | None:
+        result = self._client.custom_query(query, params={"timeout": f"{self.timeout_s}s"})
+        if not result:
+            return None
+        value = float(result[0]["value"][1])
+        return value if math.isfinite(value) else None
+
+    def _query_all(self, labels: dict[str, str]) -> LatencyFigures | None:
+        w = self.window
+        ttft95 = self._scalar(quantile_query(0.95, TTFT_BUCKETS, labels, w))
+        itl95 = self._scalar(quantile_query(0.95, ITL_BUCKETS, labels, w))
+        queries = self._scalar(rate_query(PREFIX_QUERIES, labels, w))
+        hits = self._scalar(rate_query(PREFIX_HITS, labels, w))
+        figures = LatencyFigures(
+            ttft_p50_s=self._scalar(quantile_query(0.5, TTFT_BUCKETS, labels, w)),
+            ttft_p95_s=ttft95,
+            itl_p50_s=self._scalar(quantile_query(0.5, ITL_BUCKETS, labels, w)),
+            itl_p95_s=itl95,
+            request_rate=self._scalar(
+                rate_query(("vllm:request_success_total",), labels, w)
+            ),
+            prompt_tokens_per_s=self._scalar(rate_query(("vllm:prompt_tokens_total",), labels, w)),
+            generation_tokens_per_s=self._scalar(
+                rate_query(("vllm:generation_tokens_total",), labels, w)
+            ),
+            prefix_hit_rate=(hits / queries) if hits is not None and queries else None,
+            kv_usage=self._scalar(_either(KV_USAGE, labels, "avg({m})")),
+        )
+        # "No data" is not "zero": with no latency samples the caller uses the agents.
+        return figures if figures.has_latency else None
