@@ -1,0 +1,1 @@
+"""pdplane node agent (no Django imports) and the simulated node."""

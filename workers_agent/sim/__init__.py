@@ -1,0 +1,1 @@
+"""Simulated GPU node: vLLM-compatible engine model, real-time servers and virtual-time fleet."""
