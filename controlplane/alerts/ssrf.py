@@ -1,0 +1,115 @@
+"""SSRF guard for webhook targets.
+
+A webhook URL is chosen by a user, and the control plane sits inside the fleet's private
+network; without a guard, "send a test notification" would be a way to probe internal
+services. Like Healthchecks, pdplane refuses targets that *resolve* to private, loopback,
+link-local, multicast or reserved addresses unless the operator allows them with
+``ALERTS_WEBHOOK_ALLOW`` (comma-separated CIDRs and/or host names).
+
+The check runs after DNS resolution and returns the address to connect to; the transport
+connects to exactly that address (see ``transport.py``), so a second, different DNS
+answer (DNS rebinding) cannot slip past the check.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+Resolver = Callable[[str, int], list[str]]
+
+
+class UnsafeTarget(ValueError):
+    """The URL is malformed, or resolves to an address pdplane may not call."""
+
+
+@dataclass(frozen=True)
+class AllowList:
+    networks: tuple[IPNetwork, ...] = ()
+    hosts: frozenset[str] = frozenset()
+
+    def permits(self, host: str, address: IPAddress) -> bool:
+        return host.lower().rstrip(".") in self.hosts or any(
+            address in net for net in self.networks if net.version == address.version
+        )
+
+
+def parse_allow_list(items: Iterable[str]) -> AllowList:
+    """CIDRs (``10.0.0.0/8``, ``127.0.0.1``) and host names. Raises ValueError on junk."""
+    networks: list[IPNetwork] = []
+    hosts: set[str] = set()
+    for raw in items:
+        item = raw.strip()
+        if not item:
+            continue
+        try:
+            networks.append(ipaddress.ip_network(item, strict=False))
+            continue
+        except ValueError:
+            pass
+        name = item.lower().rstrip(".")
+        if not name or any(c in name for c in "/:@ ") or name.startswith("-"):
+            raise ValueError(f"{raw!r} is neither a CIDR nor a host name")
+        hosts.add(name)
+    return AllowList(tuple(networks), frozenset(hosts))
+
+
+def system_resolver(host: str, port: int) -> list[str]:
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise UnsafeTarget(f"cannot resolve {host!r}: {exc}") from None
+    return [info[4][0] for info in infos]
+
+
+def is_public(address: IPAddress) -> bool:
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
+        address = address.ipv4_mapped
+    return address.is_global and not address.is_multicast
+
+
+@dataclass(frozen=True)
+class Target:
+    scheme: str
+    host: str
+    port: int
+    address: str  # the checked IP to connect to
+    path: str  # path + query for the request line
+
+
+def check_url(url: str, allow: AllowList, resolve: Resolver = system_resolver) -> Target:
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise UnsafeTarget(f"malformed URL: {exc}") from None
+    if parts.scheme not in ("http", "https"):
+        raise UnsafeTarget(f"scheme {parts.scheme!r} is not http or https")
+    if not parts.hostname:
+        raise UnsafeTarget("URL has no host")
+    if parts.username or parts.password:
+        raise UnsafeTarget("credentials in the URL are not allowed; use the signing secret")
+    host = parts.hostname
+    port = port or (443 if parts.scheme == "https" else 80)
+    addresses = resolve(host, port)
+    if not addresses:
+        raise UnsafeTarget(f"{host!r} resolves to no address")
+    checked: list[str] = []
+    for text in addresses:
+        address = ipaddress.ip_address(text.split("%", 1)[0])
+        if not is_public(address) and not allow.permits(host, address):
+            # One private answer is enough to refuse: the next resolution might pick it.
+            raise UnsafeTarget(
+                f"{host!r} resolves to {address}, a private/loopback/link-local address; "
+                "allow it with ALERTS_WEBHOOK_ALLOW"
+            )
+        checked.append(str(address))
+    path = parts.path or "/"
+    if parts.query:
+        path += "?" + parts.query
+    return Target(parts.scheme, host, port, checked[0], path)
