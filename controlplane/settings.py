@@ -223,3 +223,4 @@ if not DEBUG:
     SESSION_COOKIE_HTTPONLY = True
     X_FRAME_OPTIONS = "DENY"
     SECURE_CONTENT_TYPE_NOSNIFF = True
+CELERY_BEAT_SCHEDULE["routing-reconcile"] = {"task": "routing.reconcile_routing", "schedule": 15.0}

@@ -1,0 +1,182 @@
+"""Publishing routing tables: snapshot the cluster, build, store a new version if changed,
+and queue a delivery to every push gateway once the transaction commits.
+
+Entry point for the rest of pdplane: :func:`request_publish`. Call it after any change
+that may alter a table (worker role/state, topology, policy); it is cheap when nothing
+changed, and the periodic reconcile (tasks.reconcile_routing) calls it too, so a missed
+call costs at most one reconcile interval.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import transaction
+from django.utils import timezone
+
+from controlplane.policies.effective import DEFAULT_POLICY, PolicyError
+from controlplane.policies.models import effective_policy_for
+from controlplane.topology.choices import GatewayKind
+from controlplane.topology.models import Cluster, Fabric, Gateway, Node, ServedModel
+
+from .builder import build_table, content_sha
+from .models import DeliveryStatus, GatewayDelivery, RoutingTableVersion
+
+log = logging.getLogger(__name__)
+
+# Gateways that receive PUTs; the others pull (GET with ETag) or are driven by an adapter
+# that pulls (gateway/adapters/).
+PUSH_KINDS = (GatewayKind.PDPLANE,)
+
+
+def request_publish(cluster_id: int, cause: str, actor: str = "system") -> None:
+    """Build the cluster's table; if it differs from the latest stored version, store
+    version+1 with ``cause`` and ``actor`` and, on commit, push it to the gateways."""
+    publish(cluster_id, cause, actor)
+
+
+def publish(cluster_id: int, cause: str, actor: str = "system") -> RoutingTableVersion | None:
+    """As :func:`request_publish`, returning the new version (None when unchanged)."""
+    with transaction.atomic():
+        # The row lock serialises publishers of one cluster, so version numbers never
+        # collide and "latest" is read consistently.
+        cluster = Cluster.objects.select_for_update().get(pk=cluster_id)
+        table = build_table(snapshot_cluster(cluster))
+        sha = content_sha(table)
+        latest = latest_table(cluster.pk)
+        if latest is not None and latest.content_sha == sha:
+            return None
+        table["version"] = (latest.version if latest else 0) + 1
+        row = RoutingTableVersion.objects.create(
+            cluster=cluster,
+            version=table["version"],
+            body=table,
+            content_sha=sha,
+            cause=cause[:200],
+            actor=(actor or "system")[:150],
+        )
+        queue_deliveries(row)
+        log.info("routing table %s v%d stored (%s, by %s)", cluster.name, row.version, cause, actor)
+        transaction.on_commit(lambda: _kick_push(cluster.pk), robust=True)
+        return row
+
+
+def _kick_push(cluster_id: int) -> None:
+    from .tasks import push_routing_tables
+
+    push_routing_tables.delay(cluster_id)
+
+
+def latest_table(cluster_id: int) -> RoutingTableVersion | None:
+    return RoutingTableVersion.objects.filter(cluster_id=cluster_id).order_by("-version").first()
+
+
+def queue_deliveries(row: RoutingTableVersion, gateways=None) -> list[GatewayDelivery]:
+    """One pending delivery per push gateway; older unsent ones are superseded."""
+    now = timezone.now()
+    if gateways is None:
+        gateways = Gateway.objects.filter(cluster_id=row.cluster_id, kind__in=PUSH_KINDS)
+    created = []
+    for gateway in gateways:
+        GatewayDelivery.objects.filter(gateway=gateway, status=DeliveryStatus.PENDING).update(
+            status=DeliveryStatus.SUPERSEDED, finished_at=now
+        )
+        created.append(
+            GatewayDelivery.objects.create(gateway=gateway, table=row, next_attempt_at=now)
+        )
+    return created
+
+
+def gateway_lag(gateway: Gateway, latest: RoutingTableVersion | None = None) -> dict:
+    """How far a gateway is behind: versions and seconds since the first version it lacks."""
+    latest = latest if latest is not None else latest_table(gateway.cluster_id)
+    if latest is None or gateway.applied_table_version >= latest.version:
+        return {"versions": 0, "seconds": 0.0}
+    first_missing = (
+        RoutingTableVersion.objects.filter(
+            cluster_id=gateway.cluster_id, version__gt=gateway.applied_table_version
+        )
+        .order_by("version")
+        .first()
+    )
+    since = first_missing.created if first_missing else latest.created
+    return {
+        "versions": latest.version - gateway.applied_table_version,
+        "seconds": max((timezone.now() - since).total_seconds(), 0.0),
+    }
+
+
+def snapshot_cluster(cluster: Cluster) -> dict:
+    """Plain-data snapshot of everything :func:`builder.build_table` reads."""
+    fabrics = {
+        f.name: {"transport": f.transport, "rdma": f.rdma, "line_rate_gbps": f.line_rate_gbps}
+        for f in Fabric.objects.filter(cluster=cluster)
+    }
+    nodes = {}
+    for node in Node.objects.filter(cluster=cluster).prefetch_related("nics__fabric"):
+        nodes[node.hostname] = {
+            "nics": [
+                {
+                    "name": nic.name,
+                    "line_rate_gbps": nic.line_rate_gbps,
+                    "rdma": nic.rdma,
+                    "fabric": nic.fabric.name if nic.fabric_id else None,
+                    "missing": nic.missing,
+                }
+                for nic in nic_list(node)
+            ]
+        }
+    models = []
+    served = ServedModel.objects.filter(cluster=cluster).prefetch_related(
+        "workers__gpus", "workers__node"
+    )
+    for model in served:
+        try:
+            policy, _sources = effective_policy_for(model)
+        except PolicyError as exc:
+            # A broken override must not stop routing: publish with defaults and say so.
+            log.warning("policy for %s is invalid (%s); routing with defaults", model, exc)
+            policy = DEFAULT_POLICY
+        models.append(
+            {
+                "name": model.name,
+                "kv_block_size": model.kv_block_size,
+                "kv_bytes_per_token": model.kv_bytes_per_token,
+                "weight_bytes": model.weight_bytes,
+                "max_model_len": model.max_model_len,
+                "policy": policy.as_dict(),
+                "workers": [_worker_snapshot(w) for w in model.workers.all()],
+            }
+        )
+    return {"cluster": cluster.name, "fabrics": fabrics, "nodes": nodes, "models": models}
+
+
+def nic_list(node: Node) -> list:
+    return sorted(node.nics.all(), key=lambda n: n.name)
+
+
+def _worker_snapshot(worker) -> dict:
+    return {
+        "name": worker.name,
+        "node": worker.node.hostname,
+        "url": worker.api_url,
+        "metrics_url": worker.metrics_url,
+        "engine": worker.engine_kind,
+        "tp_size": worker.tp_size,
+        "desired_role": worker.desired_role,
+        "observed_role": worker.observed_role,
+        "state": worker.state,
+        "kv_events_endpoint": worker.kv_events_endpoint,
+        "kv_replay_endpoint": worker.kv_replay_endpoint,
+        "gpus": [
+            {
+                "index": g.index,
+                "memory_bytes": g.memory_bytes,
+                "nvlink_group": g.nvlink_group,
+                "nvlink_bandwidth_gbs": g.nvlink_bandwidth_gbs,
+                "pcie_gbs": g.pcie_gbs,
+            }
+            for g in sorted(worker.gpus.all(), key=lambda g: g.index)
+        ],
+    }
+
