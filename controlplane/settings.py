@@ -224,3 +224,16 @@ if not DEBUG:
     X_FRAME_OPTIONS = "DENY"
     SECURE_CONTENT_TYPE_NOSNIFF = True
 CELERY_BEAT_SCHEDULE["routing-reconcile"] = {"task": "routing.reconcile_routing", "schedule": 15.0}
+
+# --- Alerts (controlplane/alerts/conf.py reads the other ALERTS_* knobs) ---------------
+# Webhook targets that resolve to private/loopback/link-local addresses are refused
+# unless listed here (comma-separated CIDRs and/or host names).
+try:
+    ALERTS_WEBHOOK_ALLOW = ec.env_list(ENV, "ALERTS_WEBHOOK_ALLOW", [])
+except ec.ConfigError as exc:
+    raise ImproperlyConfigured(f"pdplane configuration error: {exc}") from None
+CELERY_BEAT_SCHEDULE["alerts-evaluate"] = {"task": "alerts.evaluate", "schedule": 15.0}
+CELERY_BEAT_SCHEDULE["alerts-sweep-deliveries"] = {
+    "task": "alerts.sweep_deliveries",
+    "schedule": 5.0,
+}
