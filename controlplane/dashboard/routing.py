@@ -1,3 +1,9 @@
 """Websocket routes for browsers (live dashboard fragments)."""
 
-browser_websocket_urlpatterns: list = []
+from django.urls import path
+
+from .consumers import LiveTopologyConsumer
+
+browser_websocket_urlpatterns: list = [
+    path("ws/live/", LiveTopologyConsumer.as_asgi()),
+]

@@ -1,2 +1,16 @@
+from django.urls import path
+
+from . import pages, views
+
 app_name = "dashboard"
-urlpatterns: list = []
+urlpatterns = [
+    path("", views.topology_view, name="topology"),
+    path("live/poll", views.live_poll_view, name="live-poll"),
+    path("nodes/<int:pk>/", views.node_view, name="node"),
+    path("nodes/<int:pk>/workers/<int:worker_pk>/<str:action>", pages.worker_action_view,
+         name="worker-action"),
+    path("models/", pages.models_view, name="models"),
+    path("plans/", pages.plans_view, name="plans"),
+    path("tables/", pages.routing_view, name="routing"),
+    path("changelog/", pages.audit_view, name="audit"),
+]

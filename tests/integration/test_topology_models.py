@@ -1,5 +1,7 @@
 """Model validation against PostgreSQL."""
 
+import io
+
 import pytest
 from django.core.exceptions import ValidationError
 from django.core.management import call_command
@@ -151,10 +153,10 @@ def test_one_default_policy_per_cluster(fleet):
 
 
 def test_seed_command_is_idempotent():
-    call_command("load_sample_fleets", stdout=open("/dev/null", "w"))
+    call_command("load_sample_fleets", stdout=io.StringIO())
     counts = (Cluster.objects.count(), Node.objects.count(), GPU.objects.count(),
               Worker.objects.count(), NIC.objects.count(), Policy.objects.count())
-    call_command("load_sample_fleets", stdout=open("/dev/null", "w"))
+    call_command("load_sample_fleets", stdout=io.StringIO())
     assert counts == (Cluster.objects.count(), Node.objects.count(), GPU.objects.count(),
                       Worker.objects.count(), NIC.objects.count(), Policy.objects.count())
     assert counts[:4] == (2, 6, 48, 48)

@@ -1,0 +1,121 @@
+"""Context builders for the models, plans, routing-table and audit pages."""
+
+from __future__ import annotations
+
+from django.core.paginator import Paginator
+
+from controlplane.accounts.roles import ACTION, READ, can, restrict
+from controlplane.audit.models import ChangeRecord
+from controlplane.policies.models import effective_policy_for
+from controlplane.routing.diff import diff_tables, summarize
+from controlplane.routing.models import GatewayDelivery, RoutingTableVersion
+from controlplane.topology.models import Cluster, Gateway, ServedModel, Worker
+
+from .live import hot_for_nodes
+
+
+def _layout(workers: list[Worker]) -> str:
+    active = [w for w in workers if w.state in ("active", "draining")]
+    prefill = sum(1 for w in active if w.desired_role == "prefill")
+    decode = sum(1 for w in active if w.desired_role == "decode")
+    both = sum(1 for w in active if w.desired_role == "both")
+    if not prefill and not decode:
+        return f"aggregated ×{both}"
+    text = f"{prefill}P:{decode}D"
+    return text + (f" + {both} aggregated" if both else "")
+
+
+def _p95(workers: list[Worker], hot: dict, key: str) -> float | None:
+    """Worst p95 over the model's workers that have data (agents' figures)."""
+    values = []
+    for w in workers:
+        engine = ((hot.get(w.node_id) or {}).get("engines") or {}).get(w.name) or {}
+        if engine.get(key) is not None:
+            values.append(engine[key])
+    return max(values) if values else None
+
+
+def models_context(request) -> dict:
+    clusters = restrict(Cluster.objects.all(), request.user, READ)
+    models = list(ServedModel.objects.filter(cluster__in=clusters).select_related("cluster"))
+    workers = list(
+        Worker.objects.filter(served_model__in=models).select_related("node")
+        .prefetch_related("gpus")
+    )
+    hot = hot_for_nodes(sorted({w.node_id for w in workers}))
+    latest_plans = _latest_plans(models)
+    rows = []
+    for model in models:
+        mine = [w for w in workers if w.served_model_id == model.pk]
+        policy, _ = effective_policy_for(model)
+        rows.append({
+            "model": model,
+            "policy": policy,
+            "layout": _layout(mine),
+            "workers": mine,
+            "ttft_p95_s": _p95(mine, hot, "ttft_p95_s"),
+            "itl_p95_s": _p95(mine, hot, "itl_p95_s"),
+            "source": "agents",
+            "plan": latest_plans.get(model.pk),
+        })
+    return {"rows": rows, "can_act": can(request.user, ACTION)}
+
+
+def _latest_plans(models) -> dict:
+    try:
+        from controlplane.planner.models import Plan
+    except ImportError:
+        return {}
+    latest = {}
+    for plan in Plan.objects.filter(served_model__in=models).order_by("-created")[:500]:
+        latest.setdefault(plan.served_model_id, plan)
+    return latest
+
+
+def plans_context(request) -> dict:
+    try:
+        from controlplane.planner.models import Plan
+    except ImportError:
+        return {"page": None, "can_act": False}
+    clusters = restrict(Cluster.objects.all(), request.user, READ)
+    plans = Plan.objects.filter(cluster__in=clusters).select_related("cluster", "served_model")
+    status = request.GET.get("status")
+    if status:
+        plans = plans.filter(status=status)
+    page = Paginator(plans.order_by("-created"), 25).get_page(request.GET.get("page"))
+    return {"page": page, "status": status or "", "can_act": can(request.user, ACTION)}
+
+
+def routing_context(request) -> dict:
+    clusters = list(restrict(Cluster.objects.all(), request.user, READ))
+    sections = []
+    for cluster in clusters:
+        versions = list(
+            RoutingTableVersion.objects.filter(cluster=cluster).order_by("-version")[:11]
+        )
+        history = []
+        for newer, older in zip(versions, [*versions[1:], None], strict=False):
+            if len(history) == 10:
+                break
+            changes = diff_tables(older.body if older else None, newer.body)
+            history.append({"version": newer, "changes": changes, "summary": summarize(changes)})
+        latest = versions[0].version if versions else None
+        gateways = []
+        for gw in Gateway.objects.filter(cluster=cluster):
+            gateways.append({"gateway": gw,
+                             "lag": (latest - gw.applied_table_version) if latest else None})
+        deliveries = (GatewayDelivery.objects.filter(gateway__cluster=cluster)
+                      .select_related("gateway", "table").order_by("-created")[:10])
+        sections.append({"cluster": cluster, "history": history, "gateways": gateways,
+                         "latest": latest, "deliveries": deliveries})
+    return {"sections": sections}
+
+
+def audit_context(request) -> dict:
+    records = ChangeRecord.objects.all() if can(request.user, READ) else ChangeRecord.objects.none()
+    for key in ("object_type", "actor_kind"):
+        if request.GET.get(key):
+            records = records.filter(**{key: request.GET[key]})
+    page = Paginator(records.order_by("-time", "-id"), 50).get_page(request.GET.get("page"))
+    return {"page": page, "filters": {k: request.GET.get(k, "") for k in ("object_type",
+                                                                        "actor_kind")}}

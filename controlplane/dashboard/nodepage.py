@@ -1,0 +1,58 @@
+"""The node page: GPUs, engines, NICs, 15-minute sparklines and drain/resume."""
+
+from __future__ import annotations
+
+from controlplane.accounts.roles import ACTION, can
+from controlplane.topology.models import Worker
+
+from .live import hot_for_nodes, node_history
+from .svg import line_chart
+from .viewmodels import NODE_FIELDS, Filters, node_cards
+
+SPARK_METRICS = (
+    ("kv_usage", "KV cache used", 1.0, None),
+    ("ttft_p95_s", "TTFT p95", None, "ttft"),
+    ("itl_p95_s", "ITL p95", None, "itl"),
+    ("tokens_per_s", "tokens/s", None, None),
+)
+
+
+def node_context(request, node) -> dict:
+    row = {field: value for field, value in zip(
+        NODE_FIELDS,
+        (node.id, node.hostname, node.cluster.name, node.rack, node.status, node.last_seen),
+        strict=True,
+    )}
+    hot = hot_for_nodes([node.id])
+    card = node_cards([row], Filters(), hot)[0]
+    node_hot = hot.get(node.id) or {}
+    engines_hot = node_hot.get("engines") or {}
+    workers = list(
+        Worker.objects.filter(node=node).select_related("served_model").prefetch_related("gpus")
+    )
+    history = node_history(node.id)
+    engines = []
+    for w in workers:
+        live = engines_hot.get(w.name) or {}
+        slo = _slo(w)
+        series = history.get(w.name) or {}
+        sparks = []
+        for key, label, y_max, target_key in SPARK_METRICS:
+            target = slo.get(target_key) if target_key else None
+            sparks.append({"label": label,
+                           "chart": line_chart(series.get(key) or [], y_max=y_max, target=target)})
+        engines.append({"worker": w, "live": live, "sparks": sparks, "slo": slo,
+                        "gpus": sorted(g.index for g in w.gpus.all())})
+    return {
+        "node": node,
+        "card": card,
+        "engines": engines,
+        "can_act": can(request.user, ACTION),
+    }
+
+
+def _slo(worker) -> dict:
+    from controlplane.policies.models import effective_policy_for
+
+    policy, _ = effective_policy_for(worker.served_model)
+    return {"ttft": policy.ttft_p95_ms / 1000, "itl": policy.itl_p95_ms / 1000}

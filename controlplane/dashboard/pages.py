@@ -1,0 +1,64 @@
+"""Models, plans, routing-table and audit pages, and the worker action endpoint."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import HttpResponseForbidden
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from controlplane.accounts.roles import ACTION, READ, can, restrict
+from controlplane.topology.actions import ActionError, drain_worker, resume_worker
+from controlplane.topology.models import Worker
+
+WORKER_ACTIONS = {"drain": drain_worker, "resume": resume_worker}
+
+
+@login_required
+@require_POST
+def worker_action_view(request, pk: int, worker_pk: int, action: str):
+    if not can(request.user, ACTION):
+        return HttpResponseForbidden("Your role may not drain or resume workers.")
+    handler = WORKER_ACTIONS.get(action)
+    worker = get_object_or_404(
+        restrict(Worker.objects.select_related("node"), request.user, READ),
+        pk=worker_pk, node_id=pk,
+    )
+    if handler is None:
+        messages.error(request, f"Unknown action {action!r}.")
+    else:
+        try:
+            handler(worker, actor=f"user:{request.user.username}")
+            messages.success(request, f"{action.capitalize()} requested for {worker}.")
+        except ActionError as exc:
+            messages.error(request, str(exc))
+    return redirect("dashboard:node", pk=pk)
+
+
+@login_required
+def models_view(request):
+    from .modelspage import models_context
+
+    return render(request, "dashboard/models.html", models_context(request))
+
+
+@login_required
+def plans_view(request):
+    from .modelspage import plans_context
+
+    return render(request, "dashboard/plans.html", plans_context(request))
+
+
+@login_required
+def routing_view(request):
+    from .modelspage import routing_context
+
+    return render(request, "dashboard/routing.html", routing_context(request))
+
+
+@login_required
+def audit_view(request):
+    from .modelspage import audit_context
+
+    return render(request, "dashboard/audit.html", audit_context(request))
