@@ -24,3 +24,7 @@ urlpatterns = [
     path("accounts/", include("controlplane.accounts.urls")),
     path("", include("controlplane.dashboard.urls")),
 ]
+
+# JSON errors under /api/, Django's pages elsewhere.
+handler404 = "controlplane.api.errors.handler404"
+handler500 = "controlplane.api.errors.handler500"

@@ -1,2 +1,26 @@
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.routers import DefaultRouter
+
+from . import views
+
 app_name = "api"
-urlpatterns: list = []
+
+router = DefaultRouter()
+router.register("clusters", views.ClusterViewSet)
+router.register("fabrics", views.FabricViewSet)
+router.register("nodes", views.NodeViewSet)
+router.register("gpus", views.GPUViewSet)
+router.register("nics", views.NICViewSet)
+router.register("served-models", views.ServedModelViewSet)
+router.register("workers", views.WorkerViewSet)
+router.register("gateways", views.GatewayViewSet)
+router.register("policies", views.PolicyViewSet)
+router.register("audit", views.ChangeRecordViewSet)
+router.register("tokens", views.APITokenViewSet)
+
+urlpatterns = [
+    path("v1/", include(router.urls)),
+    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
+]

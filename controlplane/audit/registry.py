@@ -1,0 +1,54 @@
+"""Which models are audited: a list of labels, so models that land later are covered
+without importing them here. ``"app_label"`` audits every model of the app;
+``"app_label.ModelName"`` one model. Other apps can also call :func:`register`.
+"""
+
+from __future__ import annotations
+
+AUDITED = {
+    "topology",
+    "policies",
+    "accounts.APIToken",
+    "auth.User",
+    "auth.Group",
+    "planner",
+    "routing",
+    "alerts",
+}
+
+# High-volume or bookkeeping models that are never worth a change record.
+NOT_AUDITED = {
+    "audit.changerecord",
+    "api.idempotencykey",
+    "sessions.session",
+    "admin.logentry",
+    "contenttypes.contenttype",
+    "auth.permission",
+}
+
+# Fields that change on their own (heartbeats, bookkeeping): an update touching only these
+# is not recorded, and they are left out of before/after.
+VOLATILE_FIELDS = {"updated", "last_seen", "last_used_at", "last_ack_at", "last_login"}
+
+# Fields whose value never goes into the log.
+SECRET_FIELDS = {"password", "secret", "token_hash", "agent_token_hash"}
+
+_extra: set[str] = set()
+_excluded: set[str] = set()
+
+
+def register(model_or_label, *, exclude: bool = False) -> None:
+    """Audit (or stop auditing) a model by class or ``"app_label.ModelName"`` label."""
+    label = model_or_label if isinstance(model_or_label, str) else model_or_label._meta.label
+    (_excluded if exclude else _extra).add(label.lower())
+
+
+def is_audited(model) -> bool:
+    if model.__module__ == "__fake__":
+        return False  # historical models inside migrations: the log may not exist yet
+    meta = model._meta
+    label = meta.label_lower
+    if label in NOT_AUDITED or label in _excluded or meta.auto_created:
+        return False
+    audited = {x.lower() for x in AUDITED} | _extra
+    return label in audited or meta.app_label in audited
