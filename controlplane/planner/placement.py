@@ -1,0 +1,226 @@
+"""Concrete placement: which workers take the prefill role for a given P:D count.
+
+Prefill workers are spread over nodes, then over NVLink groups inside a node, in proportion
+to each one's share of the model's workers. With every node and group holding the fleet's
+P:D ratio, a prefill worker always finds decode workers behind its own NVLink or PCIe
+switch and KV stays off the network. Within a group the workers that already hold the role
+(then the idlest ones) are picked, so a new layout changes as few roles as possible.
+
+Pure and deterministic: ties break on names.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from .costmodel import Link, PathMix, best_link
+
+
+@dataclass(frozen=True)
+class NicInput:
+    fabric: str
+    line_rate_gbps: float
+    rdma: bool
+
+
+@dataclass(frozen=True)
+class WorkerInput:
+    id: int
+    name: str
+    node: str
+    nvlink_group: int | None = None
+    role: str = "both"  # desired role now: prefill | decode | both
+    state: str = "active"  # active | draining | …
+    changed_at: float | None = None  # epoch seconds of the last role change
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+    stale: bool = False
+
+
+@dataclass(frozen=True)
+class NodeLinks:
+    """What one node offers for KV transfers: PCIe between its GPUs, NVLink inside groups,
+    and NICs on named fabrics to other nodes."""
+
+    pcie: Link = field(default_factory=lambda: Link.pcie(5, 16))
+    nvlink: Link | None = None
+    nics: tuple[NicInput, ...] = ()
+
+
+def network_path(a: NodeLinks, b: NodeLinks) -> Link | None:
+    """Best path between two nodes: a fabric both have a NIC on; the slower NIC bounds it,
+    and it is RDMA only if both ends are."""
+    options = []
+    by_fabric = defaultdict(list)
+    for nic in b.nics:
+        by_fabric[nic.fabric].append(nic)
+    for nic in a.nics:
+        for other in by_fabric.get(nic.fabric, ()):
+            rate = min(nic.line_rate_gbps, other.line_rate_gbps)
+            options.append(Link.nic(rate, nic.rdma and other.rdma))
+    return best_link(options)
+
+
+@dataclass(frozen=True)
+class Placement:
+    roles: dict[int, str]  # worker id → prefill | decode | both
+    paths: PathMix
+
+    def changes(self, workers: list[WorkerInput]) -> list[tuple[WorkerInput, str]]:
+        return [(w, self.roles[w.id]) for w in workers if self.roles.get(w.id, w.role) != w.role]
+
+
+def _largest_remainder(total: int, sizes: dict, prefer: dict) -> dict:
+    """Split ``total`` over keys in proportion to ``sizes`` (never above a key's size);
+    remainders go first to keys with the larger ``prefer`` score, then by key."""
+    n = sum(sizes.values())
+    if n == 0 or total <= 0:
+        return dict.fromkeys(sizes, 0)
+    exact = {k: total * s / n for k, s in sizes.items()}
+    quota = {k: min(int(v), sizes[k]) for k, v in exact.items()}
+    left = total - sum(quota.values())
+    order = sorted(
+        sizes, key=lambda k: (-(exact[k] - int(exact[k])), -prefer.get(k, 0), str(k))
+    )
+    while left > 0:
+        progressed = False
+        for k in order:
+            if left == 0:
+                break
+            if quota[k] < sizes[k]:
+                quota[k] += 1
+                left -= 1
+                progressed = True
+        if not progressed:
+            break
+    return quota
+
+
+def _pick_order(w: WorkerInput) -> tuple:
+    # Already prefill first, then aggregated, then decode; fewer sequences in flight first.
+    rank = {"prefill": 0, "both": 1, "decode": 2}.get(w.role, 3)
+    return (rank, w.running + w.waiting, w.name, w.id)
+
+
+class Topology:
+    """A model's workers grouped by node and NVLink group, built once per planning cycle so
+    that each P:D candidate costs only a walk over the groups."""
+
+    def __init__(self, workers: list[WorkerInput], node_links: dict[str, NodeLinks] | None):
+        self.workers = list(workers)
+        self.node_links = node_links or {}
+        by_node: dict[str, list[WorkerInput]] = defaultdict(list)
+        for w in self.workers:
+            by_node[w.node].append(w)
+        self.nodes = sorted(by_node)
+        self.node_size = {n: len(by_node[n]) for n in self.nodes}
+        self.node_prefer = {
+            n: sum(1 for w in by_node[n] if w.role == "prefill") for n in self.nodes
+        }
+        # Per node: [(group key, workers in pick order)], groups in a fixed order.
+        self.groups: dict[str, list[tuple, list[WorkerInput]]] = {}
+        for n in self.nodes:
+            groups: dict = defaultdict(list)
+            for w in by_node[n]:
+                groups[w.nvlink_group].append(w)
+            keys = sorted(groups, key=lambda x: (x is None, x if x is not None else 0))
+            self.groups[n] = [(g, sorted(groups[g], key=_pick_order)) for g in keys]
+        self._paths: dict[int, PathMix] = {}
+
+    def _quotas(self, n_prefill: int):
+        node_quota = _largest_remainder(n_prefill, self.node_size, self.node_prefer)
+        for n in self.nodes:
+            groups = self.groups[n]
+            g_quota = _largest_remainder(
+                node_quota[n],
+                {g: len(ws) for g, ws in groups},
+                {g: sum(1 for w in ws if w.role == "prefill") for g, ws in groups},
+            )
+            yield n, [(g, ws, g_quota[g]) for g, ws in groups]
+
+    def paths(self, n_prefill: int) -> PathMix:
+        if n_prefill <= 0:
+            return PathMix()
+        if n_prefill not in self._paths:
+            group_counts = []
+            node_counts = {}
+            for n, groups in self._quotas(n_prefill):
+                p_node = 0
+                for g, ws, q in groups:
+                    group_counts.append((q, len(ws) - q, g is not None))
+                    p_node += q
+                node_counts[n] = (p_node, self.node_size[n] - p_node)
+            self._paths[n_prefill] = _path_mix(
+                n_prefill,
+                len(self.workers) - n_prefill,
+                group_counts,
+                node_counts,
+                self.nodes,
+                self.node_links,
+            )
+        return self._paths[n_prefill]
+
+    def placement(self, n_prefill: int) -> Placement:
+        if n_prefill <= 0:
+            return Placement({w.id: "both" for w in self.workers}, PathMix())
+        roles: dict[int, str] = {}
+        for _n, groups in self._quotas(n_prefill):
+            for _g, ws, q in groups:
+                for i, w in enumerate(ws):
+                    roles[w.id] = "prefill" if i < q else "decode"
+        return Placement(roles, self.paths(n_prefill))
+
+
+def place(
+    workers: list[WorkerInput],
+    n_prefill: int,
+    node_links: dict[str, NodeLinks] | None = None,
+) -> Placement:
+    """Roles for ``n_prefill`` prefill workers among ``workers`` (0 = aggregated)."""
+    return Topology(workers, node_links).placement(n_prefill)
+
+
+def _path_mix(n_p, n_d, group_counts, node_counts, nodes, node_links) -> PathMix:
+    """Shares of transfers per link kind when each prefill worker's output is spread over
+    decode workers in proportion to their count, nearest first."""
+    if n_p <= 0 or n_d <= 0:
+        return PathMix()
+    nv = sum(min(p / n_p, d / n_d) for p, d, has in group_counts if has)
+    local = sum(min(p / n_p, d / n_d) for p, d in node_counts.values())
+    net = max(0.0, 1.0 - local)
+    pcie = max(0.0, local - nv)
+    links = {node_links.get(n, NodeLinks()) for n in nodes}
+    nvlinks = [lk.nvlink for lk in links if lk.nvlink is not None]
+    nvlink = min(nvlinks, key=lambda lk: lk.gbs) if nvlinks else None
+    pcie_link = min((lk.pcie for lk in links), key=lambda lk: lk.gbs) if links else None
+    network = None
+    senders = 1
+    if net > 1e-9:
+        src = [n for n, (p, d) in node_counts.items() if p / n_p > d / n_d + 1e-12]
+        dst = [n for n, (p, d) in node_counts.items() if d / n_d > p / n_p + 1e-12]
+        senders = max(len(src), 1)
+        worst = None
+        # Distinct link sets only: a thousand identical nodes are one pair to check.
+        src_links = {node_links.get(n, NodeLinks()) for n in src}
+        dst_links = {node_links.get(n, NodeLinks()) for n in dst}
+        for a in sorted(src_links, key=repr):
+            for b in sorted(dst_links, key=repr):
+                lk = network_path(a, b)
+                if lk is None:
+                    lk = Link("tcp", 0.0, "no shared fabric")
+                if worst is None or lk.gbs < worst.gbs or (
+                    lk.gbs == worst.gbs and lk.kind == "tcp"
+                ):
+                    worst = lk
+        network = worst
+    return PathMix(
+        nvlink=nv if nvlink else 0.0,
+        pcie=pcie + (0.0 if nvlink else nv),
+        network=net,
+        nvlink_link=nvlink,
+        pcie_link=pcie_link,
+        network_link=network,
+        network_nodes=senders,
+    )

@@ -1,0 +1,416 @@
+"""The planner's decision core: per served model, which layout, which workers, and why.
+
+Pure and deterministic: plain dataclasses in, plain dataclasses out, no Django, no clock
+(``now`` is an input). :mod:`controlplane.planner.inputs` builds the inputs from the
+database and hot state; :mod:`controlplane.planner.tasks` persists and applies the result.
+
+Per model: evaluate aggregated and every feasible P:D split (concrete placement from
+:mod:`.placement`, predictions from :mod:`.costmodel`) at the near-term load, pick the one
+with the highest predicted goodput, then decide whether to move: only when the gain clears
+the hysteresis margin, the decode pool still holds the sequences in flight, min/max per role
+hold, the workers are past their cooldown, and at most ``max_changes_per_cycle`` change now.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from controlplane.policies.effective import DEFAULT_POLICY, EffectivePolicy
+
+from . import explain
+from .costmodel import (
+    DEFAULT_PARAMS,
+    CostParams,
+    ModelSpec,
+    Prediction,
+    WorkerShape,
+    Workload,
+    predict_aggregated,
+    predict_split,
+)
+from .placement import NodeLinks, Topology, WorkerInput
+
+
+@dataclass(frozen=True)
+class LoadInput:
+    """What the model's workers see now (from hot state), all optional-zero."""
+
+    rate_rps: float = 0.0
+    peak_rps: float = 0.0  # recent peak (e.g. max of the last few windows)
+    isl_mean: float = 0.0
+    isl_p95: float | None = None
+    osl_mean: float = 0.0
+    prefix_hit: float = 0.0
+    inflight: int = 0  # sequences running now, all workers
+    inflight_peak: int = 0
+
+
+@dataclass(frozen=True)
+class ModelInput:
+    served_model_id: int
+    model: ModelSpec
+    shape: WorkerShape
+    workers: tuple[WorkerInput, ...]
+    load: LoadInput
+    policy: EffectivePolicy = DEFAULT_POLICY
+    node_links: dict[str, NodeLinks] = field(default_factory=dict)
+    params: CostParams = DEFAULT_PARAMS
+    change_in_progress: bool = False
+
+
+@dataclass(frozen=True)
+class PlannerSettings:
+    growth_margin: float = 0.2  # plan for the recent peak × (1 + margin)
+    stale_share_limit: float = 0.5  # fail-static when at least this share of nodes is stale
+    exhaustive_limit: int = 48  # above this many workers, search P:D coarse-to-fine
+
+
+DEFAULT_SETTINGS = PlannerSettings()
+
+
+@dataclass(frozen=True)
+class RoleChange:
+    worker_id: int
+    worker: str
+    node: str
+    from_role: str
+    to_role: str
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class ModelDecision:
+    served_model_id: int
+    model: str
+    action: str  # keep | change | hold
+    reason: str  # short code: no-traffic, within-hysteresis, better-layout, fail-static, …
+    current: Prediction | None
+    target: Prediction | None
+    step: Prediction | None  # the layout after this cycle's changes
+    current_now: Prediction | None  # current layout at the load measured now
+    candidates: list[Prediction]
+    changes: list[RoleChange]
+    plan_rate_rps: float
+    workload: Workload | None
+    explanation: str = ""
+    notes: list[str] = field(default_factory=list)
+    rejected: dict[str, str] = field(default_factory=dict)  # layout → why infeasible
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.changes)
+
+    def predictions_dict(self) -> dict:
+        return {
+            "plan_rate_rps": round(self.plan_rate_rps, 6),
+            "current": self.current.as_dict() if self.current else None,
+            "current_now": self.current_now.as_dict() if self.current_now else None,
+            "target": self.target.as_dict() if self.target else None,
+            "step": self.step.as_dict() if self.step else None,
+            "candidates": [p.as_dict() for p in self.candidates],
+            "rejected": dict(self.rejected),
+        }
+
+
+@dataclass
+class ClusterDecision:
+    models: list[ModelDecision]
+    fail_static: bool = False
+    reason: str = ""
+    stale_nodes: int = 0
+    nodes: int = 0
+
+
+# --- Helpers ------------------------------------------------------------------------------
+
+
+def workload_for(load: LoadInput, policy: EffectivePolicy, rate: float) -> Workload:
+    return Workload(
+        rate_rps=max(rate, 0.0),
+        isl_mean=max(load.isl_mean, 0.0),
+        osl_mean=max(load.osl_mean, 0.0),
+        prefix_hit=min(max(load.prefix_hit, 0.0), 1.0),
+        isl_p95=load.isl_p95,
+        ttft_slo_s=policy.ttft_p95_ms / 1000.0,
+        itl_slo_s=policy.itl_p95_ms / 1000.0,
+    )
+
+
+def current_prefill(workers: tuple[WorkerInput, ...] | list[WorkerInput]) -> int:
+    return sum(1 for w in workers if w.role == "prefill")
+
+
+def predict(
+    inp: ModelInput, n_prefill: int, w: Workload, topo: Topology | None = None
+) -> Prediction:
+    """Prediction for ``n_prefill`` prefill workers (0 = aggregated)."""
+    n = len(inp.workers)
+    if n_prefill <= 0:
+        return predict_aggregated(inp.model, inp.shape, n, w, inp.params)
+    topo = topo or Topology(list(inp.workers), inp.node_links)
+    return predict_split(
+        inp.model, inp.shape, n_prefill, n - n_prefill, w, topo.paths(n_prefill), inp.params
+    )
+
+
+def _prefill_range(inp: ModelInput) -> list[int]:
+    """Feasible prefill counts by policy: 0 means aggregated."""
+    n = len(inp.workers)
+    p = inp.policy
+    options = []
+    if (
+        p.disaggregation_mode != "disaggregated"
+        and p.min_prefill_workers == 0
+        and p.min_decode_workers <= n
+    ):
+        options.append(0)
+    if p.disaggregation_mode != "aggregated":
+        lo = max(1, p.min_prefill_workers, n - p.max_decode_workers)
+        hi = min(p.max_prefill_workers, n - max(p.min_decode_workers, 1))
+        options.extend(range(lo, hi + 1))
+    return options
+
+
+def _score(p: Prediction) -> tuple:
+    # Goodput first, as a share of the load to 0.1 % (noise must not decide), then
+    # capacity to 1 %, then fewer prefill workers (no transfer, no fragmentation).
+    share = round(p.goodput_rps / p.rate_rps, 3) if p.rate_rps > 0 else 0.0
+    cap = p.capacity_rps if not math.isinf(p.capacity_rps) else 1e18
+    cap = float(f"{cap:.2g}") if cap > 0 else 0.0
+    return (share, cap, -p.n_prefill)
+
+
+def _kv_fits(p: Prediction, inp: ModelInput) -> str:
+    """'' when the decode pool holds the sequences in flight (with the policy's headroom)."""
+    peak = max(inp.load.inflight_peak, inp.load.inflight)
+    if peak <= 0:
+        return ""
+    room = p.kv_capacity_seqs * (1.0 - inp.policy.kv_headroom)
+    if peak > room:
+        return (
+            f"decode KV would hold {p.kv_capacity_seqs:,} sequences "
+            f"({room:,.0f} after {inp.policy.kv_headroom:.0%} headroom) but {peak:,} are in flight"
+        )
+    return ""
+
+
+def _search(
+    inp: ModelInput, w: Workload, settings: PlannerSettings, cur_p: int, topo: Topology
+):
+    options = _prefill_range(inp)
+    if not options:
+        return [], {}
+    evaluated: dict[int, Prediction] = {}
+
+    def run(ps):
+        for p in ps:
+            if p in options and p not in evaluated:
+                evaluated[p] = predict(inp, p, w, topo)
+
+    if len(options) <= settings.exhaustive_limit:
+        run(options)
+    else:
+        # Coarse grid, then every count around the best few: goodput in P is unimodal
+        # in practice (prefill capacity rises with P, decode capacity falls).
+        stride = max(1, math.ceil(len(options) / 24))
+        run([options[0], *options[::stride], options[-1], cur_p])
+        top = sorted(evaluated.values(), key=_score, reverse=True)[:2]
+        for best in top:
+            run(range(best.n_prefill - stride, best.n_prefill + stride + 1))
+    return [evaluated[p] for p in sorted(evaluated)], evaluated
+
+
+def _eligible(w: WorkerInput, now: float, cooldown_s: float) -> str:
+    if w.stale:
+        return "stale"
+    if w.state != "active":
+        return w.state
+    if w.changed_at is not None and now - w.changed_at < cooldown_s:
+        return "cooldown"
+    return ""
+
+
+def _target_role(placed: str, current: str, aggregated: bool) -> str:
+    """Placement says prefill or decode; the decode side keeps 'both' (a decode worker that
+    may prefill short prompts locally) unless an operator made it decode-only."""
+    if aggregated:
+        return "both"
+    if placed == "prefill":
+        return "prefill"
+    return "decode" if current == "decode" else "both"
+
+
+# --- Entry points -------------------------------------------------------------------------
+
+
+def plan_model(
+    inp: ModelInput, now: float, settings: PlannerSettings = DEFAULT_SETTINGS
+) -> ModelDecision:
+    pol = inp.policy
+    name = inp.model.name
+    workers = list(inp.workers)
+    cur_p = current_prefill(workers)
+    load = inp.load
+    plan_rate = max(load.rate_rps, load.peak_rps, 0.0) * (1.0 + settings.growth_margin)
+    w_plan = workload_for(load, pol, plan_rate)
+    w_now = workload_for(load, pol, load.rate_rps)
+
+    def decision(action, reason, **kw) -> ModelDecision:
+        d = ModelDecision(
+            served_model_id=inp.served_model_id,
+            model=name,
+            action=action,
+            reason=reason,
+            current=kw.pop("current", None),
+            target=kw.pop("target", None),
+            step=kw.pop("step", None),
+            current_now=kw.pop("current_now", None),
+            candidates=kw.pop("candidates", []),
+            changes=kw.pop("changes", []),
+            plan_rate_rps=plan_rate,
+            workload=w_plan,
+            notes=kw.pop("notes", []),
+            rejected=kw.pop("rejected", {}),
+        )
+        d.explanation = explain.explain_decision(d, inp)
+        return d
+
+    if not workers:
+        return decision("hold", "no-workers")
+    if not pol.rebalancing_enabled or pol.rebalancing_mode == "off":
+        return decision("hold", "rebalancing-off")
+    stale = sum(1 for x in workers if x.stale)
+    if stale * 2 > len(workers):
+        return decision("hold", "fail-static", notes=[f"{stale} of {len(workers)} workers stale"])
+    if inp.change_in_progress or any(x.state == "draining" for x in workers):
+        return decision("hold", "change-in-progress")
+
+    topo = Topology(workers, inp.node_links)
+    current = predict(inp, cur_p, w_plan, topo)
+    current_now = predict(inp, cur_p, w_now, topo)
+    candidates, by_p = _search(inp, w_plan, settings, cur_p, topo)
+    rejected: dict[str, str] = {}
+    feasible = []
+    for c in candidates:
+        why = "weights do not fit" if not c.fits else _kv_fits(c, inp)
+        if why and c.n_prefill != cur_p:
+            rejected[c.layout] = why
+        else:
+            feasible.append(c)
+    common = {
+        "current": current,
+        "current_now": current_now,
+        "candidates": candidates,
+        "rejected": rejected,
+    }
+    if plan_rate <= 0:
+        return decision("keep", "no-traffic", target=current, **common)
+    if not feasible:
+        return decision("keep", "no-feasible-layout", target=current, **common)
+    best = max(feasible, key=_score)
+    if best.n_prefill == cur_p:
+        return decision("keep", "current-is-best", target=current, **common)
+    h = pol.hysteresis
+    gain_ok = best.goodput_rps > current.goodput_rps * (1.0 + h) + 1e-9 and (
+        best.goodput_rps - current.goodput_rps > 0.005 * plan_rate
+    )
+    both_zero = best.goodput_rps <= 1e-9 and current.goodput_rps <= 1e-9
+    cap_ok = both_zero and best.capacity_rps > current.capacity_rps * (1.0 + h)
+    # A policy bound the current layout breaks (min/max per role, forced mode) must be met
+    # whatever the gain.
+    forced = cur_p not in set(_prefill_range(inp))
+    if not (gain_ok or cap_ok or forced):
+        return decision("keep", "within-hysteresis", target=best, **common)
+
+    # Move toward the target: concrete roles, then the changes allowed this cycle.
+    aggregated = best.n_prefill == 0
+    placement = topo.placement(best.n_prefill) if not aggregated else None
+    wanted = []
+    for x in workers:
+        placed = placement.roles[x.id] if placement else "both"
+        role = _target_role(placed, x.role, aggregated)
+        if role != x.role:
+            wanted.append((x, role))
+    blocked: dict[str, int] = {}
+    movable = []
+    for x, role in wanted:
+        why = _eligible(x, now, pol.cooldown_s)
+        if why:
+            blocked[why] = blocked.get(why, 0) + 1
+        else:
+            movable.append((x, role))
+    # Changes into or out of prefill move capacity and need a drain: they count against
+    # the per-cycle limit, the busiest last. Relabels between both and decode keep every
+    # sequence where it is; they follow once no prefill move is pending.
+    heavy = [(x, r) for x, r in movable if "prefill" in (x.role, r)]
+    light = [(x, r) for x, r in movable if "prefill" not in (x.role, r)]
+    heavy.sort(key=lambda t: (t[0].running + t[0].waiting, t[0].name, t[0].id))
+    take = (heavy or light)[: pol.max_changes_per_cycle]
+    notes = []
+    if blocked:
+        notes.append(
+            "waiting: " + ", ".join(f"{n} worker(s) {why}" for why, n in sorted(blocked.items()))
+        )
+    if not take:
+        return decision("hold", "workers-not-eligible", target=best, notes=notes, **common)
+    step_p = cur_p + sum(1 for x, r in take if r == "prefill") - sum(
+        1 for x, r in take if x.role == "prefill"
+    )
+    step = by_p.get(step_p) or predict(inp, step_p, w_plan, topo)
+    why = _kv_fits(step, inp) if step_p != cur_p else ""
+    if why:
+        rejected[step.layout] = why
+        return decision("hold", "step-breaks-kv", target=best, notes=notes, **common)
+    if len(take) < len(wanted):
+        notes.append(
+            f"{len(take)} of {len(wanted)} role changes this cycle "
+            f"(max {pol.max_changes_per_cycle} per cycle)"
+        )
+    changes = [RoleChange(x.id, x.name, x.node, x.role, r) for x, r in take]
+    reason = "policy-bound" if forced and not (gain_ok or cap_ok) else "better-layout"
+    return decision(
+        "change", reason, target=best, step=step, changes=changes, notes=notes, **common
+    )
+
+
+def plan_cluster(
+    inputs: list[ModelInput],
+    now: float,
+    nodes_total: int = 0,
+    nodes_stale: int = 0,
+    settings: PlannerSettings = DEFAULT_SETTINGS,
+) -> ClusterDecision:
+    """Plan every model; fail-static (no change anywhere) when too many nodes are stale."""
+    if nodes_total > 0 and nodes_stale / nodes_total >= settings.stale_share_limit:
+        reason = (
+            f"{nodes_stale} of {nodes_total} nodes are stale at once "
+            f"(limit {settings.stale_share_limit:.0%}): more likely the control plane lost "
+            "sight of them than that they failed together, so no role changes this cycle"
+        )
+        models = []
+        for inp in inputs:
+            d = ModelDecision(
+                served_model_id=inp.served_model_id,
+                model=inp.model.name,
+                action="hold",
+                reason="fail-static",
+                current=None,
+                target=None,
+                step=None,
+                current_now=None,
+                candidates=[],
+                changes=[],
+                plan_rate_rps=0.0,
+                workload=None,
+                notes=[reason],
+            )
+            d.explanation = f"{inp.model.name}: no change. Fail-static: {reason}."
+            models.append(d)
+        return ClusterDecision(models, True, reason, nodes_stale, nodes_total)
+    decisions = [
+        plan_model(inp, now, settings) for inp in sorted(inputs, key=lambda i: i.served_model_id)
+    ]
+    return ClusterDecision(decisions, False, "", nodes_stale, nodes_total)
