@@ -12,6 +12,8 @@ Environment variables (all optional):
   Alertmanager's timers (defaults 30 s, 300 s, 4 h).
 - ``ALERTS_EXTERNAL_URL`` — base URL put in payload links (default: none).
 - ``ALERTS_SWEEP_BATCH`` — deliveries one sweep sends at most (default 50).
+- ``ALERTS_KICK_SWEEPER`` — queue a sweep as soon as deliveries are created (default
+  true; the beat sweep every 5 s catches up otherwise).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class AlertsConf:
     lifecycle: LifecycleConfig
     external_url: str
     sweep_batch: int
+    kick_sweeper: bool = True
 
 
 def _schedule(env) -> tuple[float, ...]:
@@ -76,6 +79,9 @@ def load() -> AlertsConf:
             ec.env_url(env, "ALERTS_EXTERNAL_URL", {"http", "https"}) or ""
         )
         batch = ec.env_int(env, "ALERTS_SWEEP_BATCH", 50, minimum=1, maximum=10_000)
+        kick = getattr(settings, "ALERTS_KICK_SWEEPER", None)
+        if kick is None:
+            kick = ec.env_bool(env, "ALERTS_KICK_SWEEPER", True)
     except (ec.ConfigError, ValueError) as exc:
         raise ImproperlyConfigured(f"pdplane alerts configuration error: {exc}") from None
     if lease <= timeout:
@@ -84,5 +90,12 @@ def load() -> AlertsConf:
             " a live send would otherwise be reclaimed and sent twice"
         )
     return AlertsConf(
-        allow, tuple(schedule), float(timeout), float(lease), lifecycle, external_url, batch
+        allow,
+        tuple(schedule),
+        float(timeout),
+        float(lease),
+        lifecycle,
+        external_url,
+        batch,
+        bool(kick),
     )

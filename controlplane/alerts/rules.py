@@ -129,7 +129,10 @@ class WorkerFacts:
     ttft_slo_ms: float | None = None
     itl_slo_ms: float | None = None
     has_traffic: bool = False
-    kv_events_age_s: float | None = None  # seconds since the last KV event; None = no feed
+    kv_events_age_s: float | None = None  # seconds since the last KV event, if known
+    # Or the feed's sequence number: the rules remember when it last moved.
+    kv_events_seq: int | None = None
+    kv_events_connected: bool | None = None
     prefix_hit_rate: float | None = None  # 0..1
 
 
@@ -216,6 +219,7 @@ def evaluate(
     out = EvaluationResult()
     new_nic_counters: dict[str, list] = {}
     new_hit_baselines: dict[str, float] = {}
+    new_kv_seq: dict[str, list] = {}
 
     def emit(rule: str, labels: dict[str, str], summary: str, description: str = "") -> None:
         rc = cfg[rule]
@@ -325,16 +329,25 @@ def evaluate(
                     labels,
                     f"{what} p95 of {w.worker} is {measured:.0f} ms (SLO {slo:.0f} ms)",
                 )
+        kv_age = w.kv_events_age_s
+        if kv_age is None and w.kv_events_seq is not None:
+            key = f"{w.cluster}/{w.node}/{w.worker}"
+            prev = memory.get("kvseq", {}).get(key)
+            # The feed is alive while its sequence number moves; a disconnected feed
+            # does not move either, so both read as "stalled since the last change".
+            since = prev[1] if prev and prev[0] == w.kv_events_seq else snapshot.now
+            new_kv_seq[key] = [w.kv_events_seq, since]
+            kv_age = snapshot.now - since
         if (
             on(KV_EVENTS_STALLED)
             and w.has_traffic
-            and w.kv_events_age_s is not None
-            and w.kv_events_age_s > cfg[KV_EVENTS_STALLED].threshold
+            and kv_age is not None
+            and kv_age > cfg[KV_EVENTS_STALLED].threshold
         ):
             emit(
                 KV_EVENTS_STALLED,
                 labels,
-                f"No KV events from {w.worker} for {w.kv_events_age_s:.0f} s while serving",
+                f"No KV events from {w.worker} for {kv_age:.0f} s while serving",
                 "KV-aware routing is working from a stale picture of this worker's cache.",
             )
         if w.prefix_hit_rate is not None:
@@ -394,5 +407,5 @@ def evaluate(
                 f"Webhook endpoint {e.endpoint} was disabled: {e.disabled_reason}",
             )
 
-    out.memory = {"nic": new_nic_counters, "hit": new_hit_baselines}
+    out.memory = {"nic": new_nic_counters, "hit": new_hit_baselines, "kvseq": new_kv_seq}
     return out

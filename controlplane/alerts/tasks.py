@@ -1,0 +1,67 @@
+"""Celery tasks for alerts. Beat runs ``alerts.evaluate`` every 15 s and
+``alerts.sweep_deliveries`` every 5 s (settings.CELERY_BEAT_SCHEDULE).
+
+Long retry waits live in ``Delivery.next_attempt_at`` rows, never in Celery countdowns
+(the Redis broker's visibility timeout would redeliver them in a loop).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+from celery import shared_task
+
+log = logging.getLogger(__name__)
+
+
+def _actor(name: str):
+    try:
+        from controlplane.audit.context import actor
+    except ImportError:
+        return contextlib.nullcontext()
+    return actor(name)
+
+
+@shared_task(name="alerts.evaluate", ignore_result=True)
+def evaluate() -> dict:
+    from .evaluation import run_cycle
+
+    with _actor("alerts"):
+        summary = run_cycle()
+    return summary.__dict__
+
+
+@shared_task(name="alerts.sweep_deliveries", ignore_result=True)
+def sweep_deliveries() -> dict:
+    from .delivery import sweep
+
+    with _actor("alerts"):
+        return sweep()
+
+
+@shared_task(name="alerts.redeliver", ignore_result=True)
+def redeliver(delivery_id: int) -> bool:
+    from .delivery import redeliver as do_redeliver
+    from .models import Delivery
+
+    delivery = Delivery.objects.filter(pk=delivery_id).first()
+    if delivery is None:
+        return False
+    with _actor("alerts"):
+        ok = do_redeliver(delivery)
+    if ok:
+        sweep_deliveries.delay()
+    return ok
+
+
+@shared_task(name="alerts.send_test", ignore_result=True)
+def send_test(endpoint_id: int) -> str:
+    from .delivery import send_test as do_send_test
+    from .models import WebhookEndpoint
+
+    endpoint = WebhookEndpoint.objects.filter(pk=endpoint_id).first()
+    if endpoint is None:
+        return "missing"
+    with _actor("alerts"):
+        return do_send_test(endpoint).status
