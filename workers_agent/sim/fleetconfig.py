@@ -67,6 +67,7 @@ class EngineConfig:
     drop_kv_batch_every: int = 0
     # Seconds (simulated) a prefill engine holds KV blocks for a decode engine to pull.
     kv_hold_timeout_s: float = 30.0
+    max_model_len: int | None = None  # None: the model profile's
 
     @property
     def model_name(self) -> str:
@@ -230,11 +231,13 @@ def parse_fleet_config(data: Any) -> FleetConfig:
                 kv_events=_optional(raw, "kv_events", bool, True, where),
                 drop_kv_batch_every=_optional(raw, "drop_kv_batch_every", int, 0, where),
                 kv_hold_timeout_s=_optional(raw, "kv_hold_timeout_s", float, 30.0, where),
+                max_model_len=_optional(raw, "max_model_len", int, None, where),
             )
         )
-    ids = [e.id for e in engines]
+    # Engine ids are unique per node, like worker names in the control plane.
+    ids = [(e.node, e.id) for e in engines]
     if len(set(ids)) != len(ids):
-        raise FleetConfigError("engine ids must be unique across the fleet")
+        raise FleetConfigError("engine ids must be unique on each node")
     _check_gpu_sharing(engines)
 
     time_scale = _optional(data, "time_scale", float, 1.0, "fleet")

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -241,6 +242,7 @@ class SimNode:
         return {
             "hostname": self.cfg.hostname,
             "kind": "sim",
+            "pid": os.getpid(),
             "gpu_profile": self.hardware.name,
             "nvlink_group_size": self.cfg.nvlink_group_size,
             "time_scale": self.clock.time_scale,

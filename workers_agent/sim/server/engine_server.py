@@ -113,7 +113,7 @@ class EngineServer:
         self.model_profile, self.hardware_profile = adapters.profiles_for(cfg.model, gpu_profile)
         self.engine = adapters.make_engine(cfg, self.model_profile, self.hardware_profile)
         self.kv_bytes_per_token = adapters.kv_bytes_per_token(self.model_profile)
-        self.max_model_len = adapters.max_model_len(self.model_profile)
+        self.max_model_len = cfg.max_model_len or adapters.max_model_len(self.model_profile)
         stats = self.engine.stats()
         self.num_gpu_blocks = stats.num_gpu_blocks
         self.metrics = EngineMetrics(
