@@ -40,21 +40,80 @@ class GpuProfile:
     nvlink_gbs: float = 0.0  # per GPU, one way
     pcie_gbs: float = 64.0  # one way
     estimate: bool = False  # True where the compute figures are not from a datasheet
+    # Efficiencies (shares of peak) and fixed costs, as in the simulator's profiles.
+    mfu: float = 0.77  # prefill matmuls, share of dense peak
+    fp8_mfu_factor: float = 0.7  # FP8 kernels reach a lower share of their higher peak
+    attention_efficiency: float = 0.8
+    bandwidth_efficiency: float = 0.9  # decode streaming weights and KV
+    step_overhead_s: float = 0.001  # scheduler, sampling, launches per iteration
+    per_seq_layer_s: float = 0.3e-6  # per running sequence per layer
+    tp_alpha: float = 1 / 9  # compute scales by tp / (1 + alpha (tp − 1))
+    allreduce_latency_s: float = 16e-6  # two per layer per step when tp > 1
+    activation_bytes: float = 2e9  # activations, CUDA graphs, NCCL buffers
+    gpu_memory_utilization: float = 0.9  # vLLM's default share of memory it may use
 
-    def tflops(self, weight_dtype_bytes: float) -> float:
-        return self.tflops_fp8 if weight_dtype_bytes <= 1 else self.tflops_bf16
+    def matmul_flops(self, fp8: bool) -> float:
+        if fp8 and self.tflops_fp8:
+            return self.tflops_fp8 * 1e12 * self.mfu * self.fp8_mfu_factor
+        return self.tflops_bf16 * 1e12 * self.mfu
+
+    def attention_flops(self) -> float:
+        return self.tflops_bf16 * 1e12 * self.attention_efficiency
 
 
+# Fallback table (datasheets; efficiencies of the H100 row fitted to AIConfigurator, others
+# estimates). When the simulator's profile module is importable the planner starts from
+# the same rows it uses (see :func:`_sim_profiles`), so one set of numbers is calibrated.
 GPU_PROFILES: dict[str, GpuProfile] = {
-    "h200 sxm": GpuProfile("H200 SXM", 141 * GB, 4800, 989, 1979, 900, 64),
+    "h200 sxm": GpuProfile("H200 SXM", 141 * GB, 4800, 989, 1979, 450, 64, mfu=0.86,
+                           attention_efficiency=0.95, step_overhead_s=0.0012),
     # The NVL card runs at lower clocks than the SXM part: ~85 % of its compute (estimate).
-    "h200 nvl": GpuProfile("H200 NVL", 141 * GB, 4800, 835, 1670, 900, 64, estimate=True),
-    "h100 sxm": GpuProfile("H100 SXM", 80 * GB, 3350, 989, 1979, 900, 64),
+    "h200 nvl": GpuProfile("H200 NVL", 141 * GB, 4800, 835, 1671, 450, 64, estimate=True,
+                           mfu=0.84, bandwidth_efficiency=0.88, step_overhead_s=0.0013),
+    "h100 sxm": GpuProfile("H100 SXM", 80 * GB, 3350, 989, 1979, 450, 64),
     # Datasheet compute for the Blackwell server card is quoted with sparsity; halved (estimate).
-    "rtx pro 6000": GpuProfile("RTX PRO 6000", 96 * GB, 1600, 500, 1000, 0, 64, estimate=True),
-    "l40s": GpuProfile("L40S", 48 * GB, 864, 362, 733, 0, 32),
-    "l4": GpuProfile("L4", 24 * GB, 300, 121, 242, 0, 32),
+    "rtx pro 6000": GpuProfile("RTX PRO 6000", 96 * GB, 1597, 500, 1000, 0, 64, estimate=True,
+                               mfu=0.7, attention_efficiency=0.7, bandwidth_efficiency=0.85,
+                               step_overhead_s=0.0014, tp_alpha=0.2, allreduce_latency_s=40e-6),
+    "l40s": GpuProfile("L40S", 48 * GB, 864, 362, 733, 0, 32, mfu=0.65,
+                       attention_efficiency=0.65, bandwidth_efficiency=0.85, tp_alpha=0.25),
+    "l4": GpuProfile("L4", 24 * GB, 300, 121, 242, 0, 32, mfu=0.6, attention_efficiency=0.6,
+                     bandwidth_efficiency=0.85, tp_alpha=0.25, activation_bytes=1e9),
 }
+
+
+def _sim_profiles() -> dict[str, GpuProfile]:
+    """The simulator's hardware rows as planner profiles, or {} if it is not installed."""
+    try:
+        from workers_agent.sim import profiles as sim
+    except ImportError:  # pragma: no cover - the planner also runs without the simulator
+        return {}
+    out = {}
+    for hw in sim.HARDWARE.values():
+        out[hw.name.lower()] = GpuProfile(
+            hw.name,
+            hw.memory_bytes,
+            hw.memory_bandwidth_gbs,
+            hw.bf16_tflops,
+            hw.fp8_tflops or hw.bf16_tflops,
+            hw.nvlink_gbs or 0.0,
+            0.25 * 2 ** (hw.pcie_generation - 1) * hw.pcie_width,
+            estimate=hw.name in ("H200 NVL", "RTX PRO 6000", "L40S", "L4"),
+            mfu=hw.mfu,
+            fp8_mfu_factor=hw.fp8_mfu_factor if hw.fp8_tflops else 1.0,
+            attention_efficiency=hw.attention_efficiency,
+            bandwidth_efficiency=hw.bandwidth_efficiency,
+            step_overhead_s=hw.step_overhead_s,
+            per_seq_layer_s=hw.per_seq_layer_s,
+            tp_alpha=hw.tp_alpha,
+            allreduce_latency_s=hw.allreduce_latency_s,
+            activation_bytes=hw.activation_overhead_gb * 1e9,
+            gpu_memory_utilization=hw.gpu_memory_utilization,
+        )
+    return out
+
+
+GPU_PROFILES.update(_sim_profiles())
 
 
 def gpu_profile_for(
@@ -77,7 +136,8 @@ def gpu_profile_for(
         best = GPU_PROFILES["h200 sxm"]
     if best is None:
         bw = memory_bandwidth_gbs or 1000.0
-        # ~0.2 dense BF16 TFLOPS per GB/s of memory bandwidth: the ratio of recent parts.
+        # ~0.2 dense BF16 TFLOPS per GB/s of memory bandwidth: the ratio of recent parts;
+        # efficiencies lowered to stay on the safe side.
         best = GpuProfile(
             product_name or "unknown GPU",
             memory_bytes or 24 * GB,
@@ -85,6 +145,8 @@ def gpu_profile_for(
             0.2 * bw,
             0.4 * bw,
             estimate=True,
+            mfu=0.6,
+            bandwidth_efficiency=0.8,
         )
     changes = {}
     if memory_bytes:
@@ -153,22 +215,18 @@ def model_from_scenario(name: str, spec: dict) -> ModelSpec:
 
 @dataclass(frozen=True)
 class CostParams:
-    prefill_mfu: float = 0.5
-    decode_mbu: float = 0.8
-    step_overhead_s: float = 0.0015
-    tp_efficiency: float = 0.9  # share of linear speed-up kept per TP rank beyond the first
-    gpu_memory_utilization: float = 0.90  # vLLM's default share of GPU memory it may use
-    chunk_tokens: int = 2048  # chunked-prefill token budget per step (vLLM's default)
-    # Link efficiency: share of nominal bandwidth a KV transfer achieves.
+    chunk_tokens: int = 8192  # chunked-prefill token budget per step (vLLM V1 default)
+    # Link efficiency: share of nominal bandwidth a KV transfer achieves (the simulator's
+    # links use the same figures: RDMA 0.87 from Mooncake, TCP 0.40, DMA 0.8–0.85).
     nvlink_efficiency: float = 0.8
-    pcie_efficiency: float = 0.8
+    pcie_efficiency: float = 0.85
     rdma_efficiency: float = 0.87
-    tcp_efficiency: float = 0.35
+    tcp_efficiency: float = 0.40
     # Per-transfer set-up latency (handshake, descriptor exchange).
-    nvlink_latency_s: float = 0.0002
-    pcie_latency_s: float = 0.0005
-    rdma_latency_s: float = 0.001
-    tcp_latency_s: float = 0.003
+    nvlink_latency_s: float = 10e-6
+    pcie_latency_s: float = 20e-6
+    rdma_latency_s: float = 50e-6
+    tcp_latency_s: float = 500e-6
     # Calibration factors (measured ÷ predicted p95, see calibration.py).
     ttft_factor: float = 1.0
     itl_factor: float = 1.0
@@ -258,8 +316,69 @@ def best_link(candidates: list[Link], params: CostParams = DEFAULT_PARAMS) -> Li
 # --- Compute ------------------------------------------------------------------------------
 
 
-def _tp_speedup(tp: int, params: CostParams) -> float:
-    return 1.0 + (max(tp, 1) - 1) * params.tp_efficiency
+@dataclass(frozen=True)
+class Timing:
+    """Per-iteration costs of one worker (model × GPU × TP), the simulator's step model:
+    step = max(compute, memory) + overhead + per-sequence cost."""
+
+    matmul_s_per_token: float
+    attn_s_per_flop: float
+    attn_coeff: float  # 4 × layers × q_dim
+    mem_bw: float  # bytes/s across the worker's GPUs
+    weight_bytes: float
+    kv_bytes_per_token: float
+    overhead_s: float
+    per_seq_s: float
+
+    @classmethod
+    def of(cls, model: ModelSpec, gpu: GpuProfile, tp: int = 1) -> Timing:
+        tp = max(int(tp), 1)
+        scale = tp / (1.0 + gpu.tp_alpha * (tp - 1))
+        fp8 = model.weight_dtype_bytes <= 1
+        overhead = gpu.step_overhead_s
+        if tp > 1:
+            overhead += 2 * model.layers * gpu.allreduce_latency_s
+        return cls(
+            matmul_s_per_token=2.0 * model.params_b * 1e9 / (gpu.matmul_flops(fp8) * scale),
+            attn_s_per_flop=1.0 / (gpu.attention_flops() * scale),
+            attn_coeff=4.0 * model.layers * model.q_dim,
+            mem_bw=gpu.memory_bandwidth_gbs * GB * gpu.bandwidth_efficiency * tp,
+            weight_bytes=model.weight_bytes,
+            kv_bytes_per_token=model.kv_bytes_per_token,
+            overhead_s=overhead,
+            per_seq_s=gpu.per_seq_layer_s * model.layers,
+        )
+
+    def step(
+        self, decode_seqs: float, context: float, chunk: float = 0.0, chunk_ctx: float = 0.0
+    ) -> float:
+        """One iteration: ``decode_seqs`` sequences of ``context`` tokens decode one token
+        each, plus an optional prefill chunk of ``chunk`` tokens after ``chunk_ctx``."""
+        b = max(decode_seqs, 0.0)
+        compute = (b + chunk) * self.matmul_s_per_token
+        compute += self.attn_coeff * chunk * (chunk_ctx + chunk / 2.0) * self.attn_s_per_flop
+        kv_tokens = b * context + (chunk_ctx + chunk if chunk > 0 else 0.0)
+        memory = (self.weight_bytes + kv_tokens * self.kv_bytes_per_token) / self.mem_bw
+        seqs = b + (1 if chunk > 0 else 0)
+        return max(compute, memory) + self.overhead_s + self.per_seq_s * seqs
+
+    def prefill(self, uncached: float, cached: float, chunk_tokens: int) -> float:
+        """A prompt alone on the engine, in chunks of ``chunk_tokens``."""
+        u = max(uncached, 0.0)
+        if u <= 0:
+            return 0.0
+        n = max(math.ceil(u / chunk_tokens), 1)
+        compute = u * self.matmul_s_per_token
+        compute += self.attn_coeff * u * (cached + u / 2.0) * self.attn_s_per_flop
+        memory = n * self.weight_bytes / self.mem_bw
+        return max(compute, memory) + n * (self.overhead_s + self.per_seq_s)
+
+    def decode_affine(self, context: float) -> DecodeStep:
+        """Decode step as fixed + per_seq × batch (memory-bound regime)."""
+        fixed = self.overhead_s + self.weight_bytes / self.mem_bw
+        per = context * self.kv_bytes_per_token / self.mem_bw + self.per_seq_s
+        per = max(per, self.matmul_s_per_token + self.per_seq_s)
+        return DecodeStep(fixed, per)
 
 
 def prefill_time_s(
@@ -270,24 +389,11 @@ def prefill_time_s(
     cached_tokens: float = 0.0,
     params: CostParams = DEFAULT_PARAMS,
 ) -> float:
-    """Seconds of GPU time to prefill ``uncached_tokens`` after ``cached_tokens`` of prefix.
+    """Seconds to prefill ``uncached_tokens`` after ``cached_tokens`` of cached prefix.
 
     Linear layers: 2 × params FLOPs per token; attention: 4 × layers × q_dim FLOPs per
-    (query, key) pair, causal. Divided by dense FLOPS × MFU × TP speed-up."""
-    u = max(float(uncached_tokens), 0.0)
-    if u == 0:
-        return 0.0
-    c = max(float(cached_tokens), 0.0)
-    linear = 2.0 * model.params_b * 1e9 * u
-    attention = 4.0 * model.layers * model.q_dim * (u * c + u * u / 2.0)
-    flops = gpu.tflops(model.weight_dtype_bytes) * 1e12 * params.prefill_mfu
-    return (linear + attention) / (flops * _tp_speedup(tp, params))
-
-
-def prefill_tokens_per_s(
-    model: ModelSpec, gpu: GpuProfile, tp: int, params: CostParams = DEFAULT_PARAMS
-) -> float:
-    return 1000.0 / max(prefill_time_s(model, gpu, tp, 1000.0, 0.0, params), 1e-12)
+    (query, key) pair, causal; bounded below by reading the weights once per chunk."""
+    return Timing.of(model, gpu, tp).prefill(uncached_tokens, cached_tokens, params.chunk_tokens)
 
 
 @dataclass(frozen=True)
@@ -301,25 +407,6 @@ class DecodeStep:
         return self.fixed_s + self.per_seq_s * max(batch, 0.0)
 
 
-def decode_step(
-    model: ModelSpec,
-    gpu: GpuProfile,
-    tp: int,
-    context_tokens: float,
-    params: CostParams = DEFAULT_PARAMS,
-) -> DecodeStep:
-    """Decode is memory-bound: each step reads the weights once and every sequence's KV.
-
-    fixed = overhead + weights ÷ (bandwidth × MBU × TP); per sequence = its KV bytes over the
-    same bandwidth plus its 2 × params FLOPs."""
-    bw = gpu.memory_bandwidth_gbs * GB * params.decode_mbu * _tp_speedup(tp, params)
-    flops = gpu.tflops(model.weight_dtype_bytes) * 1e12 * _tp_speedup(tp, params)
-    fixed = params.step_overhead_s + model.weight_bytes / bw
-    per_seq = max(context_tokens, 0.0) * model.kv_bytes_per_token / bw
-    per_seq += 2.0 * model.params_b * 1e9 / flops
-    return DecodeStep(fixed, per_seq)
-
-
 def decode_step_s(
     model: ModelSpec,
     gpu: GpuProfile,
@@ -328,15 +415,20 @@ def decode_step_s(
     context_tokens: float,
     params: CostParams = DEFAULT_PARAMS,
 ) -> float:
-    return decode_step(model, gpu, tp, context_tokens, params).at(batch)
+    """Decode is memory-bound: each step reads the weights once and every sequence's KV."""
+    return Timing.of(model, gpu, tp).step(batch, context_tokens)
 
 
 def kv_capacity_tokens(
     model: ModelSpec, gpu: GpuProfile, tp: int, params: CostParams = DEFAULT_PARAMS
 ) -> float:
-    """Tokens of KV one worker holds: its share of GPU memory minus the weights."""
-    free = tp * gpu.memory_bytes * params.gpu_memory_utilization - model.weight_bytes
-    return max(free, 0.0) / model.kv_bytes_per_token
+    """Tokens of KV one worker holds: usable GPU memory minus weights and activations."""
+    per_gpu = (
+        gpu.memory_bytes * gpu.gpu_memory_utilization
+        - model.weight_bytes / max(tp, 1)
+        - gpu.activation_bytes
+    )
+    return max(per_gpu * max(tp, 1), 0.0) / model.kv_bytes_per_token
 
 
 def kv_capacity_sequences(
@@ -350,10 +442,6 @@ def kv_capacity_sequences(
     if context_tokens <= 0:
         return 0
     return int(kv_capacity_tokens(model, gpu, tp, params) // context_tokens)
-
-
-def weights_fit(model: ModelSpec, gpu: GpuProfile, tp: int, params: CostParams = DEFAULT_PARAMS):
-    return kv_capacity_tokens(model, gpu, tp, params) > 0
 
 
 # --- Queueing -----------------------------------------------------------------------------
@@ -591,16 +679,19 @@ def predict_aggregated(
     r = w.rate_rps / workers
     u = w.uncached_mean
     cached = max(w.isl_mean - u, 0.0)
-    step = decode_step(model, shape.gpu, shape.tp, w.context_mean, params)
+    timing = Timing.of(model, shape.gpu, shape.tp)
+    ctx = w.context_mean
     chunk_tokens = min(u, float(params.chunk_tokens))
-    t_c = prefill_time_s(model, shape.gpu, shape.tp, chunk_tokens, cached + u / 2, params)
     n_chunks = max(u / params.chunk_tokens, 1.0) if u > 0 else 0.0
+    chunk_ctx = cached + max(u - chunk_tokens, 0.0) / 2.0
     batch = 0.0
-    t_d = step.at(0)
+    t_d = timing.step(0, ctx)
+    t_c = 0.0
     rho_p = f = 0.0
     itl_mean = t_d
     for _ in range(12):
-        t_d = step.at(batch)
+        t_d = timing.step(batch, ctx)
+        t_c = timing.step(batch, ctx, chunk_tokens, chunk_ctx) - t_d if u > 0 else 0.0
         rho_p = r * n_chunks * (t_d + t_c)
         if rho_p >= 1:
             break
@@ -703,12 +794,10 @@ def predict_split(
     u = w.uncached_mean
     cached = max(w.isl_mean - u, 0.0)
     hit = _clamp(w.prefix_hit, 0.0, 1.0)
-    service_mean = prefill_time_s(model, shape.gpu, shape.tp, u, cached, params)
-    service_mean += params.step_overhead_s
+    timing = Timing.of(model, shape.gpu, shape.tp)
+    service_mean = timing.prefill(u, cached, params.chunk_tokens)
     tail_u = w.isl_tail * (1.0 - hit)
-    service_p95 = prefill_time_s(
-        model, shape.gpu, shape.tp, tail_u, w.isl_tail * hit, params
-    ) + params.step_overhead_s
+    service_p95 = timing.prefill(tail_u, w.isl_tail * hit, params.chunk_tokens)
     wait = mgc_wait(w.rate_rps, service_mean, n_prefill, _service_cv2(w))
     # KV transfer of the whole prompt to the decode worker.
     kvb = model.kv_bytes_per_token
@@ -739,7 +828,7 @@ def predict_split(
         tail_share += share
     # Decode pool: batch b solves b = r × osl × step(b) (Little's law).
     r = w.rate_rps / n_decode
-    step = decode_step(model, shape.gpu, shape.tp, w.context_mean, params)
+    step = timing.decode_affine(w.context_mean)
     load = r * w.osl_mean * step.per_seq_s
     rho_pre = wait.utilisation
     common = {

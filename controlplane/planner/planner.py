@@ -233,14 +233,12 @@ def _eligible(w: WorkerInput, now: float, cooldown_s: float) -> str:
     return ""
 
 
-def _target_role(placed: str, current: str, aggregated: bool) -> str:
-    """Placement says prefill or decode; the decode side keeps 'both' (a decode worker that
-    may prefill short prompts locally) unless an operator made it decode-only."""
+def _target_role(placed: str, aggregated: bool) -> str:
+    """Aggregated: everyone 'both'. Split: prefill, and pure decode on the other side (a
+    'both' worker serves whole requests in place and would leave the prefill pool idle)."""
     if aggregated:
         return "both"
-    if placed == "prefill":
-        return "prefill"
-    return "decode" if current == "decode" else "both"
+    return "prefill" if placed == "prefill" else "decode"
 
 
 # --- Entry points -------------------------------------------------------------------------
@@ -331,7 +329,7 @@ def plan_model(
     wanted = []
     for x in workers:
         placed = placement.roles[x.id] if placement else "both"
-        role = _target_role(placed, x.role, aggregated)
+        role = _target_role(placed, aggregated)
         if role != x.role:
             wanted.append((x, role))
     blocked: dict[str, int] = {}
@@ -342,13 +340,14 @@ def plan_model(
             blocked[why] = blocked.get(why, 0) + 1
         else:
             movable.append((x, role))
-    # Changes into or out of prefill move capacity and need a drain: they count against
-    # the per-cycle limit, the busiest last. Relabels between both and decode keep every
-    # sequence where it is; they follow once no prefill move is pending.
+    # Changes into or out of prefill move capacity between the pools and drain decodes:
+    # they count against the per-cycle limit, idlest first. Relabels between both and
+    # decode keep every sequence where it is (the worker only stops or starts prefilling
+    # locally) and ride along, or the new prefill workers would have no one to serve.
     heavy = [(x, r) for x, r in movable if "prefill" in (x.role, r)]
     light = [(x, r) for x, r in movable if "prefill" not in (x.role, r)]
     heavy.sort(key=lambda t: (t[0].running + t[0].waiting, t[0].name, t[0].id))
-    take = (heavy or light)[: pol.max_changes_per_cycle]
+    take = heavy[: pol.max_changes_per_cycle] + light
     notes = []
     if blocked:
         notes.append(
@@ -367,7 +366,7 @@ def plan_model(
     if len(take) < len(wanted):
         notes.append(
             f"{len(take)} of {len(wanted)} role changes this cycle "
-            f"(max {pol.max_changes_per_cycle} per cycle)"
+            f"(max {pol.max_changes_per_cycle} into or out of prefill per cycle)"
         )
     changes = [RoleChange(x.id, x.name, x.node, x.role, r) for x, r in take]
     reason = "policy-bound" if forced and not (gain_ok or cap_ok) else "better-layout"

@@ -1,0 +1,214 @@
+"""What-if advisor: for given hardware, links, model and traffic, how would each layout do?
+
+Pure. Answers the brief's question — aggregate or split, in what ratio — with the
+arithmetic shown, for a fleet that need not exist yet.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+
+from .costmodel import (
+    DEFAULT_PARAMS,
+    Link,
+    ModelSpec,
+    Timing,
+    WorkerShape,
+    gpu_profile_for,
+    kv_capacity_tokens,
+    transfer_time_s,
+)
+from .explain import gbytes, secs
+from .placement import NicInput, NodeLinks, Topology, WorkerInput
+from .planner import LoadInput, ModelInput, predict, workload_for
+
+
+class WhatIfError(ValueError):
+    def __init__(self, errors: dict[str, str]):
+        super().__init__("; ".join(f"{k}: {v}" for k, v in errors.items()))
+        self.errors = errors
+
+
+@dataclass(frozen=True)
+class WhatIfQuery:
+    gpu: str = "H200 NVL"
+    nodes: int = 1
+    gpus_per_node: int = 8
+    tp: int = 1
+    nvlink_group_size: int = 0  # GPUs per NVLink group; 0 = no NVLink
+    nic_gbps: float = 100.0
+    rdma: bool = False
+    pcie_generation: int = 5
+    # Model geometry (defaults: Llama 3.3 70B FP8)
+    model: str = "llama-3.3-70b-fp8"
+    layers: int = 80
+    kv_heads: int = 8
+    head_dim: int = 128
+    kv_dtype_bytes: float = 1.0
+    params_b: float = 70.6
+    weight_dtype_bytes: float = 1.0
+    # Traffic and targets
+    isl: float = 4000
+    osl: float = 300
+    prefix_hit: float = 0.0
+    rate_rps: float = 1.0
+    ttft_slo_ms: float = 2500
+    itl_slo_ms: float = 50
+    inflight_peak: int = 0
+
+    @classmethod
+    def from_dict(cls, data: dict) -> WhatIfQuery:
+        """Parse and check a JSON/GET mapping; unknown or bad fields raise WhatIfError."""
+        known = {f.name: f for f in fields(cls)}
+        errors: dict[str, str] = {}
+        values = {}
+        for key, raw in (data or {}).items():
+            if key not in known:
+                errors[key] = "unknown field"
+                continue
+            kind = type(getattr(cls(), key))
+            try:
+                if kind is bool:
+                    values[key] = raw if isinstance(raw, bool) else str(raw).lower() in (
+                        "1", "true", "yes", "on")
+                elif kind is str:
+                    values[key] = str(raw)[:100]
+                else:
+                    v = kind(raw)
+                    if isinstance(v, float) and not math.isfinite(v):
+                        raise ValueError
+                    values[key] = v
+            except (TypeError, ValueError):
+                errors[key] = f"must be a {kind.__name__}"
+        q = cls(**values)
+        errors.update(q.validate()) if not errors else None
+        if errors:
+            raise WhatIfError(errors)
+        return q
+
+    def validate(self) -> dict[str, str]:
+        e = {}
+        for name in ("nodes", "gpus_per_node", "tp", "layers", "kv_heads", "head_dim"):
+            if getattr(self, name) < 1:
+                e[name] = "must be at least 1"
+        if self.nodes * self.gpus_per_node > 4096:
+            e["nodes"] = "at most 4,096 GPUs"
+        if self.tp > self.gpus_per_node:
+            e["tp"] = "cannot exceed GPUs per node"
+        for name in ("nic_gbps", "kv_dtype_bytes", "params_b", "weight_dtype_bytes",
+                     "ttft_slo_ms", "itl_slo_ms"):
+            if getattr(self, name) <= 0:
+                e[name] = "must be positive"
+        for name in ("isl", "osl", "rate_rps", "inflight_peak"):
+            if getattr(self, name) < 0:
+                e[name] = "must not be negative"
+        if not 0 <= self.prefix_hit <= 1:
+            e["prefix_hit"] = "must be in [0, 1]"
+        if self.nvlink_group_size < 0:
+            e["nvlink_group_size"] = "must not be negative"
+        if self.pcie_generation not in (3, 4, 5, 6):
+            e["pcie_generation"] = "must be 3, 4, 5 or 6"
+        return e
+
+
+@dataclass
+class WhatIfAnswer:
+    query: WhatIfQuery
+    candidates: list[dict]
+    best: str
+    arithmetic: list[str] = field(default_factory=list)
+    explanation: str = ""
+
+    def as_dict(self) -> dict:
+        return {
+            "query": dict(self.query.__dict__),
+            "best": self.best,
+            "candidates": self.candidates,
+            "arithmetic": self.arithmetic,
+            "explanation": self.explanation,
+        }
+
+
+def whatif(q: WhatIfQuery) -> WhatIfAnswer:
+    from controlplane.policies.effective import EffectivePolicy
+
+    errors = q.validate()
+    if errors:
+        raise WhatIfError(errors)
+    model = ModelSpec(
+        q.model, q.layers, q.kv_heads, q.head_dim, q.kv_dtype_bytes, q.params_b,
+        q.params_b * 1e9 * q.weight_dtype_bytes,
+    )
+    gpu = gpu_profile_for(q.gpu)
+    workers = []
+    per_node = q.gpus_per_node // q.tp
+    links = {}
+    for n in range(q.nodes):
+        node = f"node-{n}"
+        nvl = Link.nvlink(gpu.nvlink_gbs or 450) if q.nvlink_group_size > 1 else None
+        links[node] = NodeLinks(
+            Link.pcie(q.pcie_generation, 16), nvl, (NicInput("net", q.nic_gbps, q.rdma),)
+        )
+        for k in range(per_node):
+            group = (k * q.tp) // q.nvlink_group_size if q.nvlink_group_size > 1 else None
+            workers.append(WorkerInput(len(workers), f"{node}/w{k}", node, group))
+    policy = EffectivePolicy(ttft_p95_ms=q.ttft_slo_ms, itl_p95_ms=q.itl_slo_ms)
+    load = LoadInput(q.rate_rps, q.rate_rps, q.isl, None, q.osl, q.prefix_hit,
+                     q.inflight_peak, q.inflight_peak)
+    inp = ModelInput(0, model, WorkerShape(gpu, q.tp), tuple(workers), load, policy, links)
+    w = workload_for(load, policy, q.rate_rps)
+    topo = Topology(workers, links)
+    preds = [predict(inp, p, w, topo) for p in range(0, len(workers))]
+    peak = q.inflight_peak
+    rows = []
+    for p in preds:
+        row = p.as_dict()
+        room = p.kv_capacity_seqs
+        row["holds_inflight_peak"] = peak <= room
+        rows.append(row)
+    ok = [p for p, r in zip(preds, rows, strict=True) if r["holds_inflight_peak"]] or preds
+    best = max(ok, key=lambda p: (round(p.goodput_rps, 6), p.capacity_rps, -p.n_prefill))
+    arith = _arithmetic(q, model, gpu, w)
+    agg = preds[0]
+    expl = (
+        f"Best: {best.layout} — goodput {best.goodput_rps:,.2f} of {q.rate_rps:,.2f} req/s "
+        f"({best.goodput_per_gpu:,.3f} per GPU); TTFT p95 {secs(best.ttft_p95_s)}, ITL p95 "
+        f"{secs(best.itl_p95_s)}. Aggregated: goodput {agg.goodput_rps:,.2f} req/s, TTFT p95 "
+        f"{secs(agg.ttft_p95_s)}, ITL p95 {secs(agg.itl_p95_s)}."
+    )
+    return WhatIfAnswer(q, rows, best.layout, arith, expl)
+
+
+def _arithmetic(q: WhatIfQuery, model: ModelSpec, gpu, w) -> list[str]:
+    kvb = model.kv_bytes_per_token
+    nbytes = q.isl * kvb
+    lines = [
+        f"KV per token = 2 × {q.layers} layers × {q.kv_heads} KV heads × {q.head_dim} × "
+        f"{q.kv_dtype_bytes:g} B = {kvb:,} B ({kvb / 1024:,.0f} KiB)",
+        f"a {q.isl:,.0f}-token prompt holds {gbytes(nbytes)} of KV",
+    ]
+    paths = [Link.nic(q.nic_gbps, q.rdma), Link.pcie(q.pcie_generation, 16)]
+    if q.nvlink_group_size > 1:
+        paths.append(Link.nvlink(gpu.nvlink_gbs or 450))
+    for link in paths:
+        lines.append(
+            f"over {link.describe()}: {secs(transfer_time_s(nbytes, link, nominal=True))} at "
+            f"line rate, {secs(transfer_time_s(nbytes, link, DEFAULT_PARAMS))} at the usual "
+            "efficiency"
+        )
+    cap = kv_capacity_tokens(model, gpu, q.tp)
+    ctx = q.isl + q.osl
+    lines.append(
+        f"one worker ({q.tp}× {gpu.name}, {gpu.memory_bytes / 1e9:,.0f} GB each) keeps "
+        f"{cap:,.0f} tokens of KV after {model.weight_bytes / 1e9:,.1f} GB of weights: "
+        f"{int(cap // ctx) if ctx else 0} sequences of {ctx:,.0f} tokens"
+    )
+    t = Timing.of(model, gpu, q.tp)
+    u = w.uncached_mean
+    lines.append(
+        f"prefill of {u:,.0f} uncached tokens: {secs(t.prefill(u, q.isl - u, 8192))}; decode "
+        f"step at batch 1 / 32: {secs(t.step(1, w.context_mean))} / "
+        f"{secs(t.step(32, w.context_mean))}"
+    )
+    return lines
