@@ -74,7 +74,8 @@ class Receiver:
     def requests(self) -> list[dict]:
         if not self.log.exists():
             return []
-        return [json.loads(line) for line in self.log.read_text().splitlines() if line]
+        lines = [json.loads(line) for line in self.log.read_text().splitlines() if line]
+        return [r for r in lines if r["phase"] == "received"]
 
     def delivered(self) -> list[dict]:
         """Requests answered 2xx, one per webhook-id (what a deduping receiver keeps)."""

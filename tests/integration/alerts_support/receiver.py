@@ -80,6 +80,7 @@ def main():
                 }
             )
             time.sleep(float(ctl.get("delay_s", 0)))
+            record({"id": wid, "phase": "answered", "status": status, "at": time.time()})
             self.send_response(status)
             if ctl.get("retry_after") is not None:
                 self.send_header("Retry-After", str(ctl["retry_after"]))
