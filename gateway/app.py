@@ -1,0 +1,563 @@
+"""The reference gateway: OpenAI-compatible front, routing by the pushed table.
+
+Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streaming or not),
+``GET /v1/models``, ``GET /health``, ``GET /metrics``, and the signed admin API
+``PUT /admin/routing-table`` (receive a table: 200 ACK, 409 stale, 422 NACK, 401 bad
+signature) and ``GET /admin/routing-table`` (inspect). See docs/gateway.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+import uuid
+from collections import defaultdict
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+import orjson
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from . import signing
+from .config import GatewayConfig
+from .kv_subscriber import KvEventSubscriber
+from .metrics import GatewayMetrics
+from .prefix_index import (
+    CHARS_PER_TOKEN,
+    AllBlocksCleared,
+    ApproxPrefixIndex,
+    PreciseIndex,
+    TokenEstimator,
+    request_text,
+    request_token_ids,
+    text_chunk_hashes,
+    token_block_hashes,
+)
+from .proxy import UpstreamFailure, decode_body, open_upstream, prefill_body
+from .router import NoWorkerError, WorkerLoad, blocks_for, plan_request
+from .table import ModelRoute, RoutingTable, TableStore
+
+log = logging.getLogger("gateway")
+DEFAULT_OUTPUT_TOKENS = 128
+
+
+def _openai_error(status: int, message: str, kind: str, code: str | None = None):
+    return web.json_response(
+        {"error": {"message": message, "type": kind, "param": None, "code": code or kind}},
+        status=status,
+    )
+
+
+def _has_token(data: bytes) -> bool:
+    """Does a streamed chunk carry generated text (not only chat's opening role chunk)?"""
+    return not (b'"role"' in data and b'"content":""' in data and data.count(b"data:") <= 1)
+
+
+class Reservation:
+    """The load one request puts on workers, released exactly once."""
+
+    def __init__(self, gateway: Gateway):
+        self.gw = gateway
+        self.prefill: list[tuple[str, float]] = []
+        self.decode: list[tuple[str, float]] = []
+
+    def add_prefill(self, worker_id: str, blocks: float) -> None:
+        self.gw.loads[worker_id].prefill_blocks += blocks
+        self.prefill.append((worker_id, blocks))
+
+    def add_decode(self, worker_id: str, blocks: float) -> None:
+        load = self.gw.loads[worker_id]
+        load.decode_blocks += blocks
+        load.in_flight += 1
+        self.gw.metrics.in_flight.labels(worker_id).set(load.in_flight)
+        self.decode.append((worker_id, blocks))
+
+    def prefill_done(self) -> None:
+        for worker_id, blocks in self.prefill:
+            load = self.gw.loads[worker_id]
+            load.prefill_blocks = max(load.prefill_blocks - blocks, 0.0)
+        self.prefill.clear()
+
+    def release(self) -> None:
+        self.prefill_done()
+        for worker_id, blocks in self.decode:
+            load = self.gw.loads[worker_id]
+            load.decode_blocks = max(load.decode_blocks - blocks, 0.0)
+            load.in_flight = max(load.in_flight - 1, 0)
+            self.gw.metrics.in_flight.labels(worker_id).set(load.in_flight)
+        self.decode.clear()
+
+
+class Gateway:
+    def __init__(self, config: GatewayConfig):
+        self.config = config
+        self.metrics = GatewayMetrics()
+        self.store = TableStore(config.state_file)
+        self.store.on_change(self._table_changed)
+        self.approx = ApproxPrefixIndex(ttl_s=config.approx_ttl_s)
+        self.precise: dict[str, PreciseIndex] = {}
+        self.loads: defaultdict[str, WorkerLoad] = defaultdict(WorkerLoad)
+        self.estimators: dict[str, TokenEstimator] = {}
+        self.rng = random.Random(config.seed)
+        self.session: aiohttp.ClientSession | None = None
+        self.subscriber: KvEventSubscriber | None = None
+        self.pull_etag: str | None = None
+        self.last_pull_error = ""
+        self._tasks: list[asyncio.Task] = []
+        self.upstream_timeout = aiohttp.ClientTimeout(
+            total=config.request_timeout_s, connect=config.connect_timeout_s,
+            sock_connect=config.connect_timeout_s,
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def build_app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.metrics_view)
+        app.router.add_put("/admin/routing-table", self.admin_put_table)
+        app.router.add_get("/admin/routing-table", self.admin_get_table)
+        app.on_startup.append(self._startup)
+        app.on_cleanup.append(self._cleanup)
+        return app
+
+    async def _startup(self, app: web.Application) -> None:
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, ttl_dns_cache=300)
+        self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        if self.config.kv_events:
+            self.subscriber = KvEventSubscriber(self._on_kv_events, self.metrics)
+        if self.config.state_file:
+            from pathlib import Path
+
+            if Path(self.config.state_file).exists():
+                result = self.store.load_file(self.config.state_file)
+                self.metrics.table_updates.labels(result.outcome, "state").inc()
+        if self.config.table_file:
+            result = self.store.load_file(self.config.table_file)
+            self.metrics.table_updates.labels(result.outcome, "file").inc()
+            if result.outcome == "nack":
+                log.error("table file %s refused: %s", self.config.table_file, result.error)
+        if self.store.current is not None:
+            self._table_changed(self.store.current)
+        if self.config.control_plane_url:
+            self._tasks.append(asyncio.create_task(self._pull_loop()))
+
+    async def _cleanup(self, app: web.Application) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task  # it was cancelled: its ending is expected
+        if self.subscriber:
+            await self.subscriber.close()
+        if self.session:
+            await self.session.close()
+
+    def _table_changed(self, table: RoutingTable) -> None:
+        self.metrics.table_version.set(table.version)
+        if self.subscriber is not None:
+            # RuntimeError: no running loop yet (table applied before start-up).
+            with contextlib.suppress(RuntimeError):
+                self.subscriber.sync(table)
+
+    def _on_kv_events(self, model: str, worker_id: str, events) -> None:
+        index = self.precise.setdefault(model, PreciseIndex())
+        index.apply(worker_id, events)
+        if any(isinstance(e, AllBlocksCleared) for e in events):
+            self.approx.forget_worker(worker_id)
+
+    # ------------------------------------------------------------------ pull (cold start)
+
+    async def _pull_loop(self) -> None:
+        delay = 0.5
+        while self.store.current is None:
+            if await self.pull_once():
+                break
+            await asyncio.sleep(delay * (0.5 + self.rng.random()))
+            delay = min(delay * 2, 10.0)
+        if self.config.pull_interval_s <= 0:
+            return
+        while True:
+            await asyncio.sleep(self.config.pull_interval_s)
+            await self.pull_once()
+
+    async def pull_once(self) -> bool:
+        cfg = self.config
+        url = f"{cfg.control_plane_url.rstrip('/')}/routing/v1/clusters/{cfg.cluster}/table"
+        path = urlsplit(url).path
+        headers = {
+            signing.GATEWAY_HEADER: cfg.gateway_name or "",
+            signing.APPLIED_VERSION_HEADER: str(self.store.version),
+            **signing.signed_headers(cfg.admin_secrets[0], "GET", path, b"", now=time.time()),
+        }
+        if self.pull_etag and self.store.current is not None:
+            headers["If-None-Match"] = self.pull_etag
+        try:
+            async with self.session.get(
+                url, headers=headers, timeout=aiohttp.ClientTimeout(total=10)
+            ) as response:
+                if response.status == 304:
+                    return True
+                raw = await response.read()
+                if response.status != 200:
+                    self.last_pull_error = f"HTTP {response.status}: {raw[:200]!r}"
+                    log.warning("table pull failed: %s", self.last_pull_error)
+                    return False
+                result = self.store.apply(orjson.loads(raw))
+                self.metrics.table_updates.labels(result.outcome, "pull").inc()
+                if result.outcome != "nack":
+                    self.pull_etag = response.headers.get("ETag")
+                self.last_pull_error = result.error if result.outcome == "nack" else ""
+                return result.outcome != "nack"
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
+            self.last_pull_error = repr(exc)
+            log.info("table pull failed: %r", exc)
+            return False
+
+    # ------------------------------------------------------------------ admin API
+
+    def _signature_problem(self, request: web.Request, body: bytes) -> str | None:
+        if not self.config.admin_secrets:
+            return "admin API disabled (no secret configured)"
+        try:
+            signing.verify(
+                self.config.admin_secrets,
+                request.headers.get(signing.TIMESTAMP_HEADER),
+                request.headers.get(signing.SIGNATURE_HEADER),
+                request.method,
+                request.path,
+                body,
+                now=time.time(),
+            )
+        except signing.SignatureError as exc:
+            return exc.reason
+        return None
+
+    async def admin_put_table(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        problem = self._signature_problem(request, raw)
+        if problem:
+            self.metrics.table_updates.labels("unauthorized", "push").inc()
+            return web.json_response({"status": "unauthorized", "error": problem}, status=401)
+        expected = request.headers.get(signing.EXPECTED_VERSION_HEADER)
+        if expected and expected.isdigit() and int(expected) != self.store.version:
+            log.info("sender believed v%s applied; actual v%d", expected, self.store.version)
+        try:
+            table = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            result_body = {"status": "nack", "applied_version": self.store.version,
+                           "error": f"body is not JSON: {exc}"}
+            self.metrics.table_updates.labels("nack", "push").inc()
+            return web.json_response(result_body, status=422)
+        result = self.store.apply(table)
+        self.metrics.table_updates.labels(result.outcome, "push").inc()
+        return web.json_response(result.as_dict(), status=result.http_status)
+
+    async def admin_get_table(self, request: web.Request) -> web.Response:
+        problem = self._signature_problem(request, b"")
+        if problem:
+            return web.json_response({"status": "unauthorized", "error": problem}, status=401)
+        current = self.store.current
+        return web.json_response(
+            {
+                "applied_version": self.store.version,
+                "last_error": self.store.last_error,
+                "last_pull_error": self.last_pull_error,
+                "table": current.raw if current else None,
+                "loads": {
+                    w: {"prefill_blocks": v.prefill_blocks, "decode_blocks": v.decode_blocks,
+                        "in_flight": v.in_flight}
+                    for w, v in self.loads.items()
+                },
+                "approx_index_entries": len(self.approx),
+                "kv_event_workers": {m: idx.workers() for m, idx in self.precise.items()},
+            }
+        )
+
+    # ------------------------------------------------------------------ plain endpoints
+
+    async def health(self, request: web.Request) -> web.Response:
+        current = self.store.current
+        if current is None:
+            return web.json_response({"status": "starting", "reason": "no routing table yet"},
+                                     status=503)
+        return web.json_response({"status": "ok", "table_version": current.version})
+
+    async def metrics_view(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.metrics.registry),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def models(self, request: web.Request) -> web.Response:
+        current = self.store.current
+        names = sorted(current.models) if current else []
+        return web.json_response({
+            "object": "list",
+            "data": [{"id": n, "object": "model", "created": 0, "owned_by": "pdplane"}
+                     for n in names],
+        })
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, "completions", chat=False)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, "chat/completions", chat=True)
+
+    # ------------------------------------------------------------------ serving
+
+    async def _serve(self, request: web.Request, endpoint: str, *, chat: bool):
+        started = time.perf_counter()
+        raw = await request.read()
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            return self._reject(400, f"request body is not JSON: {exc}", "?", endpoint)
+        if not isinstance(body, dict):
+            return self._reject(400, "request body must be a JSON object", "?", endpoint)
+        model_name = body.get("model")
+        table = self.store.current
+        if table is None:
+            return self._reject(503, "the gateway has no routing table yet", str(model_name),
+                                endpoint, kind="service_unavailable")
+        model = table.models.get(model_name) if isinstance(model_name, str) else None
+        if model is None:
+            return self._reject(404, f"The model `{model_name}` does not exist.",
+                                str(model_name), endpoint, kind="model_not_found")
+        request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        prompt = await self._prompt_view(model, body, chat)
+        exclude: set[str] = set()
+        attempt = 0
+        while True:
+            try:
+                plan = plan_request(model, prompt["tokens"], prompt["cached"], self.loads,
+                                    self.rng, exclude)
+            except NoWorkerError as exc:
+                self.metrics.errors.labels(model.name, "no_worker").inc()
+                return self._reject(503, str(exc), model.name, endpoint,
+                                    kind="service_unavailable")
+            reason = plan.reason if attempt == 0 else f"retry_{plan.reason}"
+            self.metrics.decisions.labels(model.name, reason).inc()
+            try:
+                response = await self._execute(request, model, plan, body, raw, endpoint,
+                                               chat, request_id, prompt, started)
+            except UpstreamFailure as exc:
+                self.metrics.errors.labels(model.name, "upstream").inc()
+                log.warning("request %s: %s", request_id, exc)
+                exclude.add(exc.worker_id)
+                attempt += 1
+                if attempt > 1 or not self.config.retry_before_first_byte:
+                    return self._reject(502, f"upstream failed: {exc.reason}", model.name,
+                                        endpoint, kind="upstream_error")
+                self.metrics.retries.labels(model.name, "before_first_byte").inc()
+                continue
+            self.metrics.requests.labels(model.name, endpoint, str(response.status)).inc()
+            self.metrics.e2e.labels(model.name).observe(time.perf_counter() - started)
+            return response
+
+    def _reject(self, status, message, model, endpoint, kind="invalid_request_error"):
+        self.metrics.requests.labels(model, endpoint, str(status)).inc()
+        return _openai_error(status, message, kind)
+
+    async def _prompt_view(self, model: ModelRoute, body: dict, chat: bool) -> dict[str, Any]:
+        """Prompt length and who is believed to hold its prefix."""
+        estimator = self.estimators.setdefault(model.name, TokenEstimator())
+        text = request_text(body)
+        token_ids = request_token_ids(body)
+        precise = self.precise.get(model.name)
+        if token_ids is None and self.config.tokenize_via_engine and precise is not None:
+            token_ids = await self._tokenize(model, body, chat)
+        now = time.monotonic()
+        if text:
+            chunk_chars = int(model.block_size * CHARS_PER_TOKEN)
+            hashes = text_chunk_hashes(text, chunk_chars)
+            unit = chunk_chars / estimator.chars_per_token
+            tokens = len(token_ids) if token_ids else estimator.estimate(len(text))
+        else:
+            hashes = token_block_hashes(token_ids or [], model.block_size)
+            unit = model.block_size
+            tokens = len(token_ids or [])
+        cached = {w: int(n * unit) for w, n in self.approx.match(model.name, hashes, now).items()}
+        if token_ids and precise is not None:
+            for w, held in precise.match(token_ids).items():
+                cached[w] = max(cached.get(w, 0), held)
+        cached = {w: min(t, tokens) for w, t in cached.items()}
+        return {"tokens": tokens, "cached": cached, "hashes": hashes, "chars": len(text)}
+
+    async def _tokenize(self, model: ModelRoute, body: dict, chat: bool) -> list[int] | None:
+        worker = next((w for w in model.workers if w.active), None)
+        if worker is None:
+            return None
+        payload = {"model": model.name}
+        if chat:
+            payload["messages"] = body.get("messages")
+        else:
+            payload["prompt"] = body.get("prompt")
+        try:
+            async with self.session.post(
+                worker.url + "/tokenize", json=payload, timeout=aiohttp.ClientTimeout(total=2)
+            ) as response:
+                if response.status != 200:
+                    return None
+                answer = await response.json(loads=orjson.loads)
+                tokens = answer.get("tokens")
+                return tokens if isinstance(tokens, list) else None
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
+            return None
+
+    async def _execute(self, request, model: ModelRoute, plan, body, raw, endpoint, chat,
+                       request_id, prompt, started):
+        bs = model.block_size
+        max_out = body.get("max_tokens") or body.get("max_completion_tokens")
+        out_tokens = max_out if isinstance(max_out, int) and max_out > 0 else DEFAULT_OUTPUT_TOKENS
+        prompt_blocks = blocks_for(prompt["tokens"], bs)
+        reservation = Reservation(self)
+        reservation.add_prefill(
+            plan.prefill or plan.decode,
+            blocks_for(max(prompt["tokens"] - plan.cached_tokens, 0), bs),
+        )
+        reservation.add_decode(plan.decode, prompt_blocks + blocks_for(out_tokens, bs))
+        headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
+        if "Authorization" in request.headers:
+            headers["Authorization"] = request.headers["Authorization"]
+        stream = bool(body.get("stream"))
+        try:
+            data = raw
+            if plan.prefill:
+                early = await self._prefill(model, plan, body, endpoint, chat, headers, prompt)
+                if isinstance(early, web.Response):
+                    return early
+                reservation.prefill_done()
+                data = orjson.dumps(decode_body(body, early))
+            worker = model.worker(plan.decode)
+            self.metrics.worker_requests.labels(worker.id, "decode" if plan.prefill else
+                                                "full").inc()
+            upstream = await open_upstream(
+                self.session, worker.id, f"{worker.url}/v1/{endpoint}", data, headers,
+                timeout=self.upstream_timeout,
+            )
+            try:
+                if stream and upstream.status == 200 and not _has_token(upstream.first_chunk):
+                    # Hold chat's opening role chunk back until a token comes, so a worker
+                    # that dies in between can still be replaced.
+                    more = await self._read_more(upstream)
+                    upstream.first_chunk += more
+                self._remember_prefix(model, plan, prompt)
+                reservation.prefill_done()
+                response_headers = {
+                    **upstream.client_headers(),
+                    "X-Request-Id": request_id,
+                    "X-Pdplane-Worker": plan.decode,
+                }
+                if plan.prefill:
+                    response_headers["X-Pdplane-Prefill-Worker"] = plan.prefill
+                if not stream or upstream.status != 200:
+                    rest = await self._read_rest(upstream)
+                    payload = upstream.first_chunk + rest
+                    self._learn_tokens(model, prompt, payload)
+                    return web.Response(body=payload, status=upstream.status,
+                                        headers=response_headers)
+                ttft = time.perf_counter() - started
+                self.metrics.ttft.labels(model.name).observe(ttft)
+                return await self._relay(request, upstream, response_headers, model)
+            finally:
+                upstream.close()
+        finally:
+            reservation.release()
+
+    async def _prefill(self, model, plan, body, endpoint, chat, headers, prompt):
+        worker = model.worker(plan.prefill)
+        self.metrics.worker_requests.labels(worker.id, "prefill").inc()
+        upstream = await open_upstream(
+            self.session, worker.id, f"{worker.url}/v1/{endpoint}",
+            orjson.dumps(prefill_body(body, chat=chat)), headers, timeout=self.upstream_timeout,
+        )
+        try:
+            payload = upstream.first_chunk + await self._read_rest(upstream)
+        finally:
+            upstream.close()
+        if upstream.status != 200:
+            # The request itself is at fault (4xx): answer the client with it.
+            return web.Response(body=payload, status=upstream.status,
+                                content_type="application/json")
+        try:
+            answer = orjson.loads(payload)
+        except orjson.JSONDecodeError as exc:
+            raise UpstreamFailure(worker.id, "prefill answer is not JSON") from exc
+        self._learn_tokens(model, prompt, payload, answer)
+        params = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
+        if not isinstance(params, dict):
+            self.metrics.decisions.labels(model.name, "pd_no_kv_params").inc()
+            return None
+        return params
+
+    async def _read_more(self, upstream) -> bytes:
+        try:
+            extra = b""
+            while not _has_token(upstream.first_chunk + extra):
+                chunk = await upstream.response.content.readany()
+                if not chunk:
+                    break
+                extra += chunk
+            return extra
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise UpstreamFailure(upstream.worker_id, f"died before a token: {exc!r}") from exc
+
+    async def _read_rest(self, upstream) -> bytes:
+        try:
+            return await upstream.response.read()
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise UpstreamFailure(upstream.worker_id, f"answer cut short: {exc!r}") from exc
+
+    async def _relay(self, request, upstream, headers, model) -> web.StreamResponse:
+        response = web.StreamResponse(status=200, headers=headers)
+        await response.prepare(request)
+        await response.write(upstream.first_chunk)
+        last = time.perf_counter()
+        itl = self.metrics.itl.labels(model.name)
+        try:
+            async for chunk in upstream.response.content.iter_any():
+                now = time.perf_counter()
+                itl.observe(now - last)
+                last = now
+                await response.write(chunk)
+            await response.write_eof()
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+            self.metrics.errors.labels(model.name, "client_disconnect").inc()
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            # After the first byte there is no retry: end the stream, count it.
+            self.metrics.errors.labels(model.name, "upstream_mid_stream").inc()
+            log.warning("upstream %s failed mid-stream: %r", upstream.worker_id, exc)
+        return response
+
+    def _remember_prefix(self, model: ModelRoute, plan, prompt) -> None:
+        now = time.monotonic()
+        hashes = prompt["hashes"]
+        if hashes:
+            self.approx.record(model.name, hashes, plan.decode, now)
+            if plan.prefill:
+                self.approx.record(model.name, hashes, plan.prefill, now)
+        self.metrics.prefix_hit_tokens.labels(model.name).inc(plan.cached_tokens)
+        self.metrics.prompt_tokens.labels(model.name).inc(prompt["tokens"])
+
+    def _learn_tokens(self, model, prompt, payload: bytes, answer=None) -> None:
+        if not prompt["chars"]:
+            return
+        try:
+            answer = answer if answer is not None else orjson.loads(payload)
+            tokens = answer["usage"]["prompt_tokens"]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            return
+        if isinstance(tokens, int):
+            self.estimators[model.name].observe(prompt["chars"], tokens)
+
+
+def create_app(config: GatewayConfig) -> tuple[Gateway, web.Application]:
+    gateway = Gateway(config)
+    return gateway, gateway.build_app()

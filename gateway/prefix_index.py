@@ -1,0 +1,348 @@
+"""Where does a prompt's prefix already sit in KV cache? Two pure indexes and a decoder.
+
+- :class:`ApproxPrefixIndex` learns from the gateway's own routing decisions: the prompt
+  text is cut into fixed-size character chunks (≈ one KV block each at 4 chars/token, as
+  llm-d's approximate mode does), chained-hashed, and each chunk hash remembers which
+  workers were sent it, for a TTL (the engine may evict it after a while; 120 s as in
+  SGLang's and vllm-router's approximate trees).
+- :class:`PreciseIndex` is fed by the engines' KV-cache events (BlockStored /
+  BlockRemoved / AllBlocksCleared). It re-hashes each stored block's token ids with its own
+  chained hash (engine hashes depend on an algorithm and seed we cannot rely on), so a
+  request whose token ids are known (prompt given as ids, or tokenised by the engine's
+  /tokenize) is matched exactly, and evictions are seen as they happen.
+- :func:`decode_event_batch` reads vLLM's wire format: 0.32's ``[ts, [event maps],
+  dp_rank]`` and the older per-event arrays, plus map-encoded batches. Unknown event types
+  and fields are skipped, never fatal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+CHARS_PER_TOKEN = 4.0
+ROOT = b"pdplane-prefix-v1"
+
+
+def _h(parent: bytes, chunk: bytes) -> bytes:
+    return hashlib.blake2b(parent + chunk, digest_size=8).digest()
+
+
+def text_chunk_hashes(text: str, chunk_chars: int, limit: int = 4096) -> list[bytes]:
+    """Chained hashes of the full ``chunk_chars``-character chunks of ``text``."""
+    data = text.encode("utf-8", "surrogatepass")
+    out, parent = [], ROOT
+    step = max(int(chunk_chars), 1)
+    for start in range(0, len(data) - step + 1, step):
+        parent = _h(parent, data[start : start + step])
+        out.append(parent)
+        if len(out) >= limit:
+            break
+    return out
+
+
+def token_block_hashes(token_ids: Sequence[int], block_size: int) -> list[bytes]:
+    """Chained hashes of the full blocks of a token-id sequence."""
+    out, parent = [], ROOT
+    bs = max(int(block_size), 1)
+    for start in range(0, len(token_ids) - bs + 1, bs):
+        block = token_ids[start : start + bs]
+        parent = _h(parent, struct.pack(f"<{len(block)}q", *block))
+        out.append(parent)
+    return out
+
+
+def request_text(body: dict[str, Any]) -> str:
+    """The text that decides prefix reuse: the prompt, or the chat messages in order."""
+    if "messages" in body:
+        parts = []
+        for message in body.get("messages") or []:
+            if not isinstance(message, dict):
+                continue
+            content = message.get("content")
+            if isinstance(content, list):
+                content = "".join(
+                    str(p.get("text", "")) for p in content if isinstance(p, dict)
+                )
+            parts.append(f"<{message.get('role', '')}>{content or ''}")
+        return "\n".join(parts)
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        return "\n".join(prompt)
+    return ""
+
+
+def request_token_ids(body: dict[str, Any]) -> list[int] | None:
+    """Token ids when the client sent them (``prompt: [int, …]``), else None."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in prompt
+    ):
+        return prompt
+    if (
+        isinstance(prompt, list)
+        and len(prompt) == 1
+        and isinstance(prompt[0], list)
+        and all(isinstance(t, int) for t in prompt[0])
+    ):
+        return prompt[0]
+    return None
+
+
+class TokenEstimator:
+    """Characters per token, learned from the engines' usage counts (EMA)."""
+
+    def __init__(self, initial: float = CHARS_PER_TOKEN, alpha: float = 0.1):
+        self.chars_per_token = initial
+        self.alpha = alpha
+
+    def estimate(self, chars: int) -> int:
+        return int(chars / self.chars_per_token) if chars else 0
+
+    def observe(self, chars: int, tokens: int) -> None:
+        if chars <= 0 or tokens <= 0:
+            return
+        ratio = min(max(chars / tokens, 0.5), 32.0)
+        self.chars_per_token += self.alpha * (ratio - self.chars_per_token)
+
+
+class ApproxPrefixIndex:
+    def __init__(self, ttl_s: float = 120.0, max_entries: int = 500_000):
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self._entries: OrderedDict[tuple[str, bytes], dict[str, float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def match(self, model: str, hashes: Sequence[bytes], now: float) -> dict[str, int]:
+        """Worker id → number of leading chunks it is believed to hold."""
+        matched: dict[str, int] = {}
+        alive: set[str] | None = None
+        for i, h in enumerate(hashes):
+            holders = self._entries.get((model, h))
+            if not holders:
+                break
+            current = {w for w, expiry in holders.items() if expiry > now}
+            alive = current if alive is None else alive & current
+            if not alive:
+                break
+            for w in alive:
+                matched[w] = i + 1
+        return matched
+
+    def record(self, model: str, hashes: Iterable[bytes], worker_id: str, now: float) -> None:
+        expiry = now + self.ttl_s
+        for h in hashes:
+            key = (model, h)
+            holders = self._entries.get(key)
+            if holders is None:
+                holders = self._entries[key] = {}
+            else:
+                self._entries.move_to_end(key)
+            holders[worker_id] = expiry
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+    def forget_worker(self, worker_id: str) -> None:
+        for holders in self._entries.values():
+            holders.pop(worker_id, None)
+
+    def expire(self, now: float) -> None:
+        """Drop expired holders (run now and then; match() ignores them anyway)."""
+        dead = []
+        for key, holders in self._entries.items():
+            for w in [w for w, t in holders.items() if t <= now]:
+                del holders[w]
+            if not holders:
+                dead.append(key)
+        for key in dead:
+            del self._entries[key]
+
+
+# --- KV events -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BlockStored:
+    block_hashes: tuple
+    parent_block_hash: Any
+    token_ids: tuple[int, ...]
+    block_size: int
+
+
+@dataclass(frozen=True)
+class BlockRemoved:
+    block_hashes: tuple
+
+
+@dataclass(frozen=True)
+class AllBlocksCleared:
+    pass
+
+
+KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+class KvEventDecodeError(ValueError):
+    pass
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_hashable(v) for v in value)
+    return value
+
+
+def _event_from_map(ev: dict) -> KvEvent | None:
+    kind = ev.get("type")
+    if kind == "BlockStored":
+        return BlockStored(
+            tuple(_hashable(h) for h in ev.get("block_hashes") or ()),
+            _hashable(ev.get("parent_block_hash")),
+            tuple(int(t) for t in ev.get("token_ids") or ()),
+            int(ev.get("block_size") or 0),
+        )
+    if kind == "BlockRemoved":
+        return BlockRemoved(tuple(_hashable(h) for h in ev.get("block_hashes") or ()))
+    if kind == "AllBlocksCleared":
+        return AllBlocksCleared()
+    return None
+
+
+def _event_from_array(ev: Sequence) -> KvEvent | None:
+    kind = ev[0] if ev else None
+    if isinstance(kind, bytes):
+        kind = kind.decode("utf-8", "replace")
+    if kind == "BlockStored" and len(ev) >= 5:
+        return BlockStored(
+            tuple(_hashable(h) for h in ev[1] or ()),
+            _hashable(ev[2]),
+            tuple(int(t) for t in ev[3] or ()),
+            int(ev[4] or 0),
+        )
+    if kind == "BlockRemoved" and len(ev) >= 2:
+        return BlockRemoved(tuple(_hashable(h) for h in ev[1] or ()))
+    if kind == "AllBlocksCleared":
+        return AllBlocksCleared()
+    return None
+
+
+def decode_event_batch(payload: bytes) -> tuple[float | None, list[KvEvent]]:
+    """(timestamp, events) from one msgpack payload. Raises KvEventDecodeError only when
+    the payload is not a batch at all; bad single events are skipped."""
+    try:
+        batch = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several types
+        raise KvEventDecodeError(f"not msgpack: {exc}") from exc
+    if isinstance(batch, dict):
+        ts, raw_events = batch.get("ts"), batch.get("events")
+    elif isinstance(batch, list | tuple) and len(batch) >= 2:
+        ts, raw_events = batch[0], batch[1]
+    else:
+        raise KvEventDecodeError("payload is not an event batch")
+    if not isinstance(raw_events, list | tuple):
+        raise KvEventDecodeError("batch has no event list")
+    events: list[KvEvent] = []
+    for raw in raw_events:
+        try:
+            if isinstance(raw, dict):
+                event = _event_from_map(raw)
+            elif isinstance(raw, list | tuple):
+                event = _event_from_array(raw)
+            else:
+                event = None
+        except (TypeError, ValueError):
+            event = None
+        if event is not None:
+            events.append(event)
+    return (float(ts) if isinstance(ts, int | float) else None), events
+
+
+class PreciseIndex:
+    """Worker holdings from KV events, keyed by our own chained hash of token ids."""
+
+    def __init__(self):
+        self._holders: dict[bytes, set[str]] = {}
+        # Per worker: engine block hash → our hash (to follow parents and removals).
+        self._by_worker: dict[str, dict[Any, bytes]] = {}
+        self.block_size: int = 0
+        self.events_applied = 0
+        self.unknown_parents = 0
+
+    def workers(self) -> list[str]:
+        return list(self._by_worker)
+
+    def apply(self, worker_id: str, events: Iterable[KvEvent]) -> None:
+        mine = self._by_worker.setdefault(worker_id, {})
+        for event in events:
+            self.events_applied += 1
+            if isinstance(event, BlockStored):
+                self._stored(worker_id, mine, event)
+            elif isinstance(event, BlockRemoved):
+                for engine_hash in event.block_hashes:
+                    ours = mine.pop(engine_hash, None)
+                    if ours is not None:
+                        holders = self._holders.get(ours)
+                        if holders is not None:
+                            holders.discard(worker_id)
+                            if not holders:
+                                del self._holders[ours]
+            elif isinstance(event, AllBlocksCleared):
+                self.forget_worker(worker_id)
+                mine = self._by_worker.setdefault(worker_id, {})
+
+    def _stored(self, worker_id: str, mine: dict, event: BlockStored) -> None:
+        bs = event.block_size or self.block_size
+        if bs <= 0:
+            return
+        self.block_size = self.block_size or bs
+        if event.parent_block_hash is None:
+            parent = ROOT
+        else:
+            parent = mine.get(event.parent_block_hash)
+            if parent is None:
+                # We missed the parent (events lost or started late): cannot chain.
+                self.unknown_parents += 1
+                return
+        tokens = event.token_ids
+        for i, engine_hash in enumerate(event.block_hashes):
+            block = tokens[i * bs : (i + 1) * bs]
+            if len(block) < bs:
+                break
+            parent = _h(parent, struct.pack(f"<{len(block)}q", *block))
+            mine[engine_hash] = parent
+            self._holders.setdefault(parent, set()).add(worker_id)
+
+    def forget_worker(self, worker_id: str) -> None:
+        for ours in self._by_worker.pop(worker_id, {}).values():
+            holders = self._holders.get(ours)
+            if holders is not None:
+                holders.discard(worker_id)
+                if not holders:
+                    del self._holders[ours]
+
+    def match(self, token_ids: Sequence[int]) -> dict[str, int]:
+        """Worker id → number of leading tokens it holds (whole blocks)."""
+        if not self.block_size:
+            return {}
+        matched: dict[str, int] = {}
+        alive: set[str] | None = None
+        for i, h in enumerate(token_block_hashes(token_ids, self.block_size)):
+            holders = self._holders.get(h)
+            if not holders:
+                break
+            alive = set(holders) if alive is None else alive & holders
+            if not alive:
+                break
+            for w in alive:
+                matched[w] = (i + 1) * self.block_size
+        return matched

@@ -1,0 +1,191 @@
+"""Choosing workers: KV-aware cost for aggregated serving, decode-first for P/D. Pure.
+
+Cost of sending a request to worker *w* (Dynamo's KV router, current form)::
+
+    prefill_term = load_weight × max(prefill_blocks(w) − overlap_weight × cached_blocks(w), 0)
+    decode_term  = decode_blocks(w)
+    cost(w)      = prefill_term + decode_term
+
+where ``prefill_blocks`` = blocks the worker is still prefilling for other requests + this
+prompt's blocks, ``cached_blocks`` = this prompt's blocks the worker already holds, and
+``decode_blocks`` = KV blocks of the worker's running requests + this request's. Lowest
+cost wins; ties go to fewer in-flight requests, then to a random pick. With temperature
+T > 0 the pick samples softmax(−normalised cost / T).
+
+P/D (modes ``conditional`` and ``disaggregated``), in the spirit of llm-d: pick the decode
+worker first; in ``conditional`` mode, if the prompt's part not cached on that worker is at
+most ``local_prefill_max_tokens``, it prefills locally. Otherwise pick a prefill worker by
+prefill cost plus a KV-transfer penalty that grows as the link from it to the chosen decode
+worker gets slower (NVLink ≪ RDMA < TCP < unknown), so fast pairs are preferred.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from .table import ModelRoute, WorkerEntry
+
+# KV-transfer penalty: request_blocks × TRANSFER_WEIGHT × clamp(REF_GBPS / link_gbps).
+# At the reference speed (400 Gb/s RDMA) a transfer costs a tenth of the prompt's blocks;
+# an unknown path is priced as a 10 Gb/s link.
+REF_GBPS = 400.0
+TRANSFER_WEIGHT = 0.1
+UNKNOWN_PATH_GBPS = 10.0
+
+
+@dataclass
+class WorkerLoad:
+    """What the gateway has in flight on a worker, in KV blocks of the model's routing size."""
+
+    prefill_blocks: float = 0.0
+    decode_blocks: float = 0.0
+    in_flight: int = 0
+
+
+@dataclass(frozen=True)
+class Scored:
+    worker_id: str
+    cost: float
+    prefill_term: float
+    decode_term: float
+    cached_blocks: float
+
+
+@dataclass
+class RoutePlan:
+    decode: str  # the worker that produces the answer (the only one in aggregated mode)
+    prefill: str | None  # remote prefill worker, or None for local prefill
+    reason: str
+    cached_tokens: int = 0
+    scores: list[Scored] = field(default_factory=list)
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill is not None
+
+
+class NoWorkerError(LookupError):
+    """No active worker can take this request."""
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    return max(math.ceil(tokens / max(block_size, 1)), 0)
+
+
+def cost_of(
+    worker_id: str,
+    load: WorkerLoad,
+    request_blocks: float,
+    cached_blocks: float,
+    *,
+    overlap_weight: float,
+    load_weight: float,
+    use_cache: bool = True,
+) -> Scored:
+    credit = overlap_weight * cached_blocks if use_cache else 0.0
+    prefill = load_weight * max(load.prefill_blocks + request_blocks - credit, 0.0)
+    decode = load.decode_blocks + request_blocks
+    return Scored(worker_id, prefill + decode, prefill, decode, cached_blocks)
+
+
+def pick(
+    scores: Sequence[Scored],
+    temperature: float,
+    rng: random.Random,
+    loads: Mapping[str, WorkerLoad] | None = None,
+) -> Scored:
+    """Lowest cost (ties: fewer in flight, then random), or a softmax sample when T > 0."""
+    if not scores:
+        raise NoWorkerError("no candidate workers")
+    if temperature > 0 and len(scores) > 1:
+        costs = [s.cost for s in scores]
+        lo, hi = min(costs), max(costs)
+        spread = (hi - lo) or 1.0
+        logits = [-(c - lo) / spread / temperature for c in costs]
+        top = max(logits)
+        weights = [math.exp(x - top) for x in logits]
+        return rng.choices(list(scores), weights=weights, k=1)[0]
+    best = min(s.cost for s in scores)
+    tied = [s for s in scores if s.cost <= best + 1e-9]
+    if len(tied) > 1 and loads:
+        fewest = min(loads.get(s.worker_id, WorkerLoad()).in_flight for s in tied)
+        tied = [s for s in tied if loads.get(s.worker_id, WorkerLoad()).in_flight == fewest]
+    return tied[0] if len(tied) == 1 else rng.choice(tied)
+
+
+def transfer_penalty(request_blocks: float, src: WorkerEntry, dst_id: str) -> float:
+    path = src.kv_paths.get(dst_id)
+    gbps = path.bandwidth_gbps if path and path.bandwidth_gbps > 0 else UNKNOWN_PATH_GBPS
+    return request_blocks * TRANSFER_WEIGHT * min(max(REF_GBPS / gbps, 0.01), 40.0)
+
+
+def plan_request(
+    model: ModelRoute,
+    prompt_tokens: int,
+    cached_tokens: Mapping[str, int],
+    loads: Mapping[str, WorkerLoad],
+    rng: random.Random,
+    exclude: frozenset[str] | set[str] = frozenset(),
+) -> RoutePlan:
+    """Decide where one request goes. ``cached_tokens`` maps worker id → tokens of this
+    prompt it is believed to hold; ``exclude`` lists workers that already failed it."""
+    active = [w for w in model.workers if w.active and w.id not in exclude]
+    if not active:
+        raise NoWorkerError(f"no active worker for model {model.name}")
+    bs = model.block_size
+    request_blocks = blocks_for(prompt_tokens, bs)
+
+    def cached_blocks(w: WorkerEntry) -> float:
+        return min(cached_tokens.get(w.id, 0), prompt_tokens) / bs
+
+    def score(workers, use_cache=True) -> list[Scored]:
+        return [
+            cost_of(
+                w.id, loads.get(w.id, WorkerLoad()), request_blocks, cached_blocks(w),
+                overlap_weight=model.kv_overlap_weight, load_weight=model.load_weight,
+                use_cache=use_cache,
+            )
+            for w in workers
+        ]
+
+    decoders = [w for w in active if w.can_decode]
+    prefillers = [w for w in active if w.role == "prefill" or w.role == "both"]
+    if model.mode == "aggregated" or not decoders:
+        pool = decoders or active
+        reason = "kv_aware" if decoders else "fallback_prefill_only"
+        if len(pool) == 1:
+            reason = "only_candidate"
+        scores = score(pool)
+        chosen = pick(scores, model.temperature, rng, loads)
+        return RoutePlan(chosen.worker_id, None, reason,
+                         int(chosen.cached_blocks * bs), scores)
+
+    # P/D: decode first. In conditional mode the decode worker may prefill locally, so its
+    # cached prefix counts; in disaggregated mode the decode stage ignores cache credit.
+    conditional = model.mode == "conditional"
+    decode_scores = score(decoders, use_cache=conditional)
+    decode = pick(decode_scores, model.temperature, rng, loads)
+    decode_cached = min(cached_tokens.get(decode.worker_id, 0), prompt_tokens)
+    uncached = prompt_tokens - decode_cached
+    if conditional and uncached <= model.local_prefill_max_tokens:
+        return RoutePlan(decode.worker_id, None, "pd_local_prefill", decode_cached, decode_scores)
+    remote = [w for w in prefillers if w.id != decode.worker_id]
+    if not remote:
+        return RoutePlan(decode.worker_id, None, "pd_no_prefill_worker", decode_cached,
+                         decode_scores)
+    prefill_scores = []
+    for w in remote:
+        base = cost_of(
+            w.id, loads.get(w.id, WorkerLoad()), request_blocks, cached_blocks(w),
+            overlap_weight=model.kv_overlap_weight, load_weight=model.load_weight,
+        )
+        penalty = transfer_penalty(request_blocks, w, decode.worker_id)
+        # A prefill worker's own decode load barely matters (it emits one token).
+        cost = base.prefill_term + penalty
+        prefill_scores.append(Scored(w.id, cost, base.prefill_term, penalty, base.cached_blocks))
+    prefill = pick(prefill_scores, model.temperature, rng, loads)
+    return RoutePlan(decode.worker_id, prefill.worker_id, "pd_remote_prefill",
+                     int(prefill.cached_blocks * bs), decode_scores + prefill_scores)

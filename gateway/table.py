@@ -1,0 +1,336 @@
+"""The gateway's copy of the routing table: validate, apply, keep the last good one.
+
+No Django, no I/O except the optional state file. The validation mirrors
+controlplane/routing/schema/routing-table-v1.json (a unit test checks the two agree), so
+the gateway refuses what the control plane would never have produced, including tables
+from a newer schema it does not understand (NACK, keep serving the old table).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+MODES = ("aggregated", "disaggregated", "conditional")
+ROLES = ("prefill", "decode", "both")
+STATES = ("active", "draining")
+LINKS = ("nvlink", "pcie", "rdma", "tcp")
+
+
+class TableError(ValueError):
+    """The table is invalid; ``problems`` lists every reason found."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("; ".join(problems[:10]))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class KvPath:
+    to: str
+    link: str
+    bandwidth_gbps: float
+    rdma: bool
+
+
+@dataclass(frozen=True)
+class WorkerEntry:
+    id: str
+    url: str
+    role: str
+    state: str
+    node: str
+    engine: str = "vllm"
+    previous_role: str | None = None
+    kv_tokens: int = 0
+    kv_events_endpoint: str | None = None
+    kv_replay_endpoint: str | None = None
+    kv_paths: dict[str, KvPath] = field(default_factory=dict)
+
+    @property
+    def active(self) -> bool:
+        return self.state == "active"
+
+    @property
+    def can_prefill(self) -> bool:
+        return self.role in ("prefill", "both")
+
+    @property
+    def can_decode(self) -> bool:
+        return self.role in ("decode", "both")
+
+
+@dataclass(frozen=True)
+class ModelRoute:
+    name: str
+    mode: str
+    kv_block_size: int
+    block_size: int
+    kv_overlap_weight: float
+    load_weight: float
+    temperature: float
+    local_prefill_max_tokens: int
+    kv_bytes_per_token: int
+    workers: tuple[WorkerEntry, ...]
+
+    def worker(self, worker_id: str) -> WorkerEntry | None:
+        for w in self.workers:
+            if w.id == worker_id:
+                return w
+        return None
+
+
+@dataclass(frozen=True)
+class RoutingTable:
+    version: int
+    cluster: str
+    models: dict[str, ModelRoute]
+    raw: dict[str, Any]
+
+    def all_workers(self) -> list[WorkerEntry]:
+        return [w for m in self.models.values() for w in m.workers]
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def validate(raw: Any) -> list[str]:
+    """Every problem with a decoded table (empty list = valid)."""
+    p: list[str] = []
+    if not isinstance(raw, dict):
+        return ["(root): the table must be a JSON object"]
+    if raw.get("schema_version") != 1:
+        p.append(f"schema_version: unsupported {raw.get('schema_version')!r} (this gateway: 1)")
+    if not isinstance(raw.get("cluster"), str) or not raw.get("cluster"):
+        p.append("cluster: must be a non-empty string")
+    if not _is_int(raw.get("version")) or raw["version"] < 0:
+        p.append("version: must be a non-negative integer")
+    models = raw.get("models")
+    if not isinstance(models, list):
+        return [*p, "models: must be a list"]
+    names = set()
+    for i, m in enumerate(models):
+        where = f"models/{i}"
+        if not isinstance(m, dict):
+            p.append(f"{where}: must be an object")
+            continue
+        name = m.get("name")
+        if not isinstance(name, str) or not name:
+            p.append(f"{where}/name: must be a non-empty string")
+        elif name in names:
+            p.append("models: model names must be unique")
+        names.add(name)
+        if m.get("mode") not in MODES:
+            p.append(f"{where}/mode: must be one of {MODES}")
+        if not _is_int(m.get("kv_block_size")) or m["kv_block_size"] < 1:
+            p.append(f"{where}/kv_block_size: must be a positive integer")
+        routing = m.get("routing")
+        if not isinstance(routing, dict):
+            p.append(f"{where}/routing: must be an object")
+        else:
+            if not _is_int(routing.get("block_size")) or routing["block_size"] < 1:
+                p.append(f"{where}/routing/block_size: must be a positive integer")
+            for key in ("kv_overlap_weight", "load_weight", "temperature"):
+                if not _is_num(routing.get(key)) or routing[key] < 0:
+                    p.append(f"{where}/routing/{key}: must be a number ≥ 0")
+        dis = m.get("disaggregation")
+        if not isinstance(dis, dict) or not _is_int(dis.get("local_prefill_max_tokens")) or (
+            dis["local_prefill_max_tokens"] < 0
+        ):
+            p.append(f"{where}/disaggregation/local_prefill_max_tokens: must be an integer ≥ 0")
+        workers = m.get("workers")
+        if not isinstance(workers, list):
+            p.append(f"{where}/workers: must be a list")
+            continue
+        ids = [w.get("id") for w in workers if isinstance(w, dict)]
+        if len(set(ids)) != len(ids):
+            p.append(f"{where}/workers: worker ids must be unique")
+        for j, w in enumerate(workers):
+            p.extend(_worker_problems(w, f"{where}/workers/{j}", set(ids)))
+    return p
+
+
+def _worker_problems(w: Any, where: str, ids: set) -> list[str]:
+    if not isinstance(w, dict):
+        return [f"{where}: must be an object"]
+    p = []
+    if not isinstance(w.get("id"), str) or not w["id"]:
+        p.append(f"{where}/id: must be a non-empty string")
+    url = w.get("url")
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")) or any(
+        c.isspace() for c in url
+    ):
+        p.append(f"{where}/url: must be an http(s) URL")
+    if w.get("role") not in ROLES:
+        p.append(f"{where}/role: must be one of {ROLES}")
+    if w.get("state") not in STATES:
+        p.append(f"{where}/state: must be one of {STATES}")
+    if not isinstance(w.get("node"), str) or not w["node"]:
+        p.append(f"{where}/node: must be a non-empty string")
+    cap = w.get("capacity")
+    if not isinstance(cap, dict) or not _is_int(cap.get("kv_tokens")) or cap["kv_tokens"] < 0:
+        p.append(f"{where}/capacity/kv_tokens: must be an integer ≥ 0")
+    events = w.get("kv_events")
+    if events is not None and (
+        not isinstance(events, dict)
+        or not isinstance(events.get("endpoint"), str)
+        or not events["endpoint"].startswith(("tcp://", "ipc://", "inproc://"))
+    ):
+        p.append(f"{where}/kv_events/endpoint: must be a tcp://, ipc:// or inproc:// endpoint")
+    paths = w.get("kv_paths")
+    if not isinstance(paths, list):
+        p.append(f"{where}/kv_paths: must be a list")
+        return p
+    for k, path in enumerate(paths):
+        pw = f"{where}/kv_paths/{k}"
+        if not isinstance(path, dict):
+            p.append(f"{pw}: must be an object")
+            continue
+        if path.get("to") not in ids:
+            p.append(f"{pw}/to: unknown worker {path.get('to')!r}")
+        if path.get("link") not in LINKS:
+            p.append(f"{pw}/link: must be one of {LINKS}")
+        if not _is_num(path.get("bandwidth_gbps")) or path["bandwidth_gbps"] < 0:
+            p.append(f"{pw}/bandwidth_gbps: must be a number ≥ 0")
+        if not isinstance(path.get("rdma"), bool):
+            p.append(f"{pw}/rdma: must be a boolean")
+    return p
+
+
+def parse(raw: Any) -> RoutingTable:
+    """Validate and build the gateway's view of a table; raises :class:`TableError`."""
+    problems = validate(raw)
+    if problems:
+        raise TableError(problems)
+    models = {}
+    for m in raw["models"]:
+        routing = m["routing"]
+        workers = []
+        for w in m["workers"]:
+            events = w.get("kv_events") or {}
+            workers.append(
+                WorkerEntry(
+                    id=w["id"],
+                    url=w["url"].rstrip("/"),
+                    role=w["role"],
+                    state=w["state"],
+                    node=w["node"],
+                    engine=str(w.get("engine") or "vllm"),
+                    previous_role=w.get("previous_role"),
+                    kv_tokens=int(w["capacity"]["kv_tokens"]),
+                    kv_events_endpoint=events.get("endpoint"),
+                    kv_replay_endpoint=events.get("replay_endpoint"),
+                    kv_paths={
+                        p["to"]: KvPath(p["to"], p["link"], float(p["bandwidth_gbps"]), p["rdma"])
+                        for p in w["kv_paths"]
+                    },
+                )
+            )
+        models[m["name"]] = ModelRoute(
+            name=m["name"],
+            mode=m["mode"],
+            kv_block_size=int(m["kv_block_size"]),
+            block_size=int(routing["block_size"]),
+            kv_overlap_weight=float(routing["kv_overlap_weight"]),
+            load_weight=float(routing["load_weight"]),
+            temperature=float(routing["temperature"]),
+            local_prefill_max_tokens=int(m["disaggregation"]["local_prefill_max_tokens"]),
+            kv_bytes_per_token=int(m.get("kv_bytes_per_token") or 1),
+            workers=tuple(workers),
+        )
+    return RoutingTable(version=raw["version"], cluster=raw["cluster"], models=models, raw=raw)
+
+
+@dataclass
+class ApplyResult:
+    outcome: str  # ack | stale | nack
+    applied_version: int
+    error: str = ""
+
+    @property
+    def http_status(self) -> int:
+        return {"ack": 200, "stale": 409, "nack": 422}[self.outcome]
+
+    def as_dict(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"status": self.outcome, "applied_version": self.applied_version}
+        if self.error:
+            body["error"] = self.error
+        return body
+
+
+class TableStore:
+    """Holds the current table. A new one replaces it only if valid and newer."""
+
+    def __init__(self, state_file: str | Path | None = None):
+        self.current: RoutingTable | None = None
+        self.last_error = ""
+        self.state_file = Path(state_file) if state_file else None
+        self._listeners: list = []
+
+    @property
+    def version(self) -> int:
+        return self.current.version if self.current else 0
+
+    def on_change(self, callback) -> None:
+        self._listeners.append(callback)
+
+    def apply(self, raw: Any, *, allow_same: bool = True) -> ApplyResult:
+        try:
+            table = parse(raw)
+        except TableError as exc:
+            self.last_error = str(exc)
+            log.warning("routing table refused (kept v%d): %s", self.version, exc)
+            return ApplyResult("nack", self.version, str(exc))
+        if self.current is not None:
+            if table.version < self.current.version or (
+                table.version == self.current.version
+                and (not allow_same or table.raw != self.current.raw)
+            ):
+                return ApplyResult(
+                    "stale", self.version,
+                    f"version {table.version} is not newer than applied {self.version}",
+                )
+            if table.version == self.current.version:
+                return ApplyResult("ack", self.version)  # idempotent redelivery
+        self.current = table
+        self.last_error = ""
+        self._persist(raw)
+        log.info("routing table v%d applied (%d models)", table.version, len(table.models))
+        for callback in self._listeners:
+            try:
+                callback(table)
+            except Exception:
+                log.exception("table listener failed")
+        return ApplyResult("ack", table.version)
+
+    def load_file(self, path: str | Path) -> ApplyResult:
+        try:
+            raw = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            self.last_error = f"cannot read {path}: {exc}"
+            return ApplyResult("nack", self.version, self.last_error)
+        return self.apply(raw)
+
+    def _persist(self, raw: dict) -> None:
+        if not self.state_file:
+            return
+        try:
+            self.state_file.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.state_file.parent, prefix=".table-")
+            with os.fdopen(fd, "w") as fh:
+                json.dump(raw, fh)
+            os.replace(tmp, self.state_file)
+        except OSError as exc:
+            log.warning("could not save the table to %s: %s", self.state_file, exc)
