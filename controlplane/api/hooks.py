@@ -26,8 +26,9 @@ def after_worker_state_change(worker, verb: str, actor_name: str) -> None:
     def run():
         if send_command is not None:
             try:
-                args = {"worker": worker.name, "generation": worker.generation}
-                send_command(worker.node, verb, args)
+                args = {"worker": worker.name, "worker_id": worker.pk,
+                        "generation": worker.generation}
+                send_command(worker.node_id, verb, args)
             except Exception:
                 log.exception("send_command(%s, %s) failed", worker.node, verb)
         if request_publish is not None:

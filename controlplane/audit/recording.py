@@ -14,6 +14,9 @@ from .registry import SECRET_FIELDS, VOLATILE_FIELDS
 
 log = logging.getLogger(__name__)
 MASK = "********"
+# A field value larger than this (JSON bytes) is summarised: a routing table body can be
+# megabytes and lives in its own table already.
+MAX_VALUE_BYTES = 16 * 1024
 
 
 def snapshot(instance: models.Model) -> dict:
@@ -27,6 +30,10 @@ def snapshot(instance: models.Model) -> dict:
             value = MASK if value else ""
         data[field.attname if field.is_relation else field.name] = value
     # Round-trip through JSON so dates, decimals and UUIDs become strings like the API's.
+    for key, value in data.items():
+        encoded = json.dumps(value, cls=DjangoJSONEncoder)
+        if len(encoded) > MAX_VALUE_BYTES:
+            data[key] = {"_omitted": f"{len(encoded)} bytes"}
     return json.loads(json.dumps(data, cls=DjangoJSONEncoder))
 
 

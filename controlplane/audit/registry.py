@@ -24,6 +24,14 @@ NOT_AUDITED = {
     "admin.logentry",
     "contenttypes.contenttype",
     "auth.permission",
+    # delivery outboxes and attempt logs: they have their own history pages
+    "routing.gatewaydelivery",
+    "routing.deliveryattempt",
+    "alerts.alert",
+    "alerts.alertgroup",
+    "alerts.evaluatormemory",
+    "alerts.delivery",
+    "alerts.deliveryattempt",
 }
 
 # Fields that change on their own (heartbeats, bookkeeping): an update touching only these

@@ -9,7 +9,8 @@ here; code doing bulk changes that matter calls :func:`controlplane.audit.log_ac
 
 from django.db.models.signals import m2m_changed, post_delete, post_save, pre_save
 
-from .models import ChangeAction
+from .context import current_request_id
+from .models import ChangeAction, ChangeRecord
 from .recording import record_change, snapshot
 from .registry import is_audited
 
@@ -56,13 +57,29 @@ def _m2m_changed(sender, instance, action, reverse, model, pk_set, **kwargs):
     after_ids = sorted(getattr(instance, field.name).values_list("pk", flat=True))
     if before_ids is None or before_ids == after_ids:
         return
+    delattr(instance, key)
+    # .set() is a remove then an add: fold the steps of one request into one record.
+    request_id = current_request_id()
+    previous = (
+        ChangeRecord.objects.filter(
+            object_type=instance._meta.label_lower,
+            object_id=str(instance.pk),
+            action=ChangeAction.UPDATE,
+            request_id=request_id or "",
+        ).order_by("-id").first()
+        if request_id
+        else None
+    )
+    if previous is not None and set(previous.after or {}) == {field.name}:
+        previous.after = {field.name: after_ids}
+        previous.save(update_fields=["after"])
+        return
     record_change(
         instance,
         ChangeAction.UPDATE,
         before={field.name: before_ids},
         after={field.name: after_ids},
     )
-    delattr(instance, key)
 
 
 def connect():
