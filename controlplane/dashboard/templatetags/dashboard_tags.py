@@ -5,9 +5,17 @@ from django import template
 register = template.Library()
 
 
+def _number(value) -> float | None:
+    """Template lookups of missing keys arrive as "" — treat them as "no data"."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
 @register.filter
 def pct(fraction):
     """0.431 → "43%"; None → "no data"."""
+    fraction = _number(fraction)
     if fraction is None:
         return "no data"
     return f"{round(fraction * 100)}%"
@@ -16,6 +24,7 @@ def pct(fraction):
 @register.filter
 def bar_width(fraction):
     """Width for a usage bar; 0 when there is no data (the bar is styled as hatched then)."""
+    fraction = _number(fraction)
     if fraction is None:
         return 0
     return max(0, min(100, round(fraction * 100)))
@@ -23,6 +32,7 @@ def bar_width(fraction):
 
 @register.filter
 def gb(nbytes):
+    nbytes = _number(nbytes)
     if nbytes is None:
         return "—"
     return f"{nbytes / 1e9:.0f} GB"
@@ -30,6 +40,7 @@ def gb(nbytes):
 
 @register.filter
 def ago(epoch_seconds):
+    epoch_seconds = _number(epoch_seconds)
     if not epoch_seconds:
         return "never"
     seconds = max(0, time.time() - epoch_seconds)
@@ -42,6 +53,7 @@ def ago(epoch_seconds):
 
 @register.filter
 def ms(seconds):
+    seconds = _number(seconds)
     if seconds is None:
         return "no data"
     return f"{seconds * 1000:.0f} ms"
@@ -49,6 +61,7 @@ def ms(seconds):
 
 @register.filter
 def num(value, digits=1):
+    value = _number(value)
     if value is None:
         return "no data"
     return f"{value:.{int(digits)}f}"

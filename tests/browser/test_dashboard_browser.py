@@ -1,0 +1,71 @@
+"""The dashboard in headless Chromium against a live ASGI server and real Redis."""
+
+import io
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+
+from controlplane.accounts.roles import set_role
+from controlplane.dashboard.consumers import cluster_group
+from controlplane.topology.models import Node
+
+from .conftest import login, screenshot
+
+pytestmark = pytest.mark.browser
+
+PASSWORD = "correct-horse-battery"
+
+
+def hint_nodes_changed(cluster_id: int, node_ids: list[int]) -> None:
+    """What the ingest does after writing hot state (from a thread: Playwright owns a loop)."""
+    message = {"type": "telemetry.changed", "node_ids": node_ids}
+    send = async_to_sync(get_channel_layer().group_send)
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(send, cluster_group(cluster_id), message).result(timeout=10)
+
+
+def make_user(role: str):
+    user = get_user_model().objects.create_user(f"{role}1", password=PASSWORD)
+    set_role(user, role)
+    return user
+
+
+def test_topology_renders_and_a_stale_node_greys_out_live(asgi_server, page):
+    call_command("load_sample_fleets", stdout=io.StringIO())
+    make_user("viewer")
+    login(page, asgi_server, "viewer1", PASSWORD)
+    assert page.locator(".gpu").count() == 48
+    page.wait_for_selector("#live-status.on", timeout=15_000)
+    screenshot(page, "topology")
+
+    node = Node.objects.get(hostname="rtxpro-01")
+    assert "stale" not in (page.get_attribute(f"#node-{node.pk}", "class") or "")
+    Node.objects.filter(pk=node.pk).update(status="stale")
+    hint_nodes_changed(node.cluster_id, [node.pk])
+    page.wait_for_selector(f"#node-{node.pk}.stale", timeout=10_000)
+    assert "last seen" in page.inner_text(f"#node-{node.pk} .seen")
+    screenshot(page, "topology-stale-node")
+
+
+def test_viewer_sees_no_drain_button_operator_does(asgi_server, page):
+    call_command("load_sample_fleets", stdout=io.StringIO())
+    make_user("viewer")
+    make_user("operator")
+    node = Node.objects.get(hostname="h200nvl-01")
+    login(page, asgi_server, "viewer1", PASSWORD)
+    page.goto(f"{asgi_server}/nodes/{node.pk}/")
+    assert page.locator("button:has-text('drain')").count() == 0
+
+    page.context.clear_cookies()
+    login(page, asgi_server, "operator1", PASSWORD)
+    page.goto(f"{asgi_server}/nodes/{node.pk}/")
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.locator("#engine-{} button:has-text('drain')".format(
+        node.workers.get(name="engine-0").pk)).click()
+    page.wait_for_selector("text=Drain requested")
+    assert node.workers.get(name="engine-0").state == "draining"
+    screenshot(page, "node-page-drained")
