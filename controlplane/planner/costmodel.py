@@ -818,9 +818,12 @@ def predict_split(
             per_nic = w.rate_rps * share * nbytes_mean / max(paths.network_nodes, 1)
             link_util = per_nic / (effective_gbs(link, params) * GB)
             if link_util >= 1:
+                t_one = transfer_time_s(nbytes_tail, link, params)
                 return _overloaded(name, n_prefill, n_decode, w, link_util,
                                    f"KV transfer over {link.describe()}", gpus,
-                                   network_share=paths.network, network_link=link.describe())
+                                   network_share=paths.network, network_link=link.describe(),
+                                   transfer_s=t_one, transfer_mean_s=t_one,
+                                   transfer_bytes=nbytes_mean)
             inflate = 1.0 / (1.0 - link_util)
         t_mean += share * transfer_time_s(nbytes_mean, link, params) * inflate
         if tail_share < 0.05:
