@@ -1,0 +1,148 @@
+"""The virtual-time fleet: routing, P/D transfers, role-change drains, summaries."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from workers_agent.sim import links
+from workers_agent.sim.engine import EngineSpec
+from workers_agent.sim.report import percentile, summarize
+from workers_agent.sim.virtual import (
+    FleetEngine,
+    KVAwareRouter,
+    LeastLoadedRouter,
+    LinkModel,
+    RoleChange,
+    RoundRobinRouter,
+    VirtualFleet,
+    uniform_fleet,
+)
+from workers_agent.sim.workload import synthetic
+
+MODEL = "llama-3.3-70b-fp8"
+
+
+def chat(num: int = 40, rate: float = 4.0, isl: int = 2000, osl: int = 40, prefixes: int = 1,
+         fraction: float = 0.5, seed: int = 1):
+    return synthetic(
+        {"isl": isl, "osl": osl, "shared_prefix_fraction": fraction}, num, rate, seed=seed,
+        num_prefixes=prefixes,
+    )
+
+
+def pd_fleet(link_nodes_same: bool, nvlink: bool, router=None, nic=None):
+    p = FleetEngine(EngineSpec("p", MODEL, "H200"), "n1", "g1" if nvlink else None, "prefill")
+    d = FleetEngine(
+        EngineSpec("d", MODEL, "H200"), "n1" if link_nodes_same else "n2",
+        "g1" if nvlink else None, "decode",
+    )
+    return VirtualFleet([p, d], LinkModel(nic=nic or links.nic(400)), router=router)
+
+
+def test_aggregated_fleet_serves_everything():
+    fleet = VirtualFleet(uniform_fleet(2, MODEL, "H200"))
+    result = fleet.run(chat())
+    assert len(result.results) == 40
+    assert all(r.error is None and r.output_tokens == 40 for r in result.results)
+    assert all(r.ttft > 0 and len(r.itls) == 39 for r in result.results)
+    assert all(not r.disaggregated for r in result.results)
+    assert result.sim_seconds > 10 and result.num_gpus == 2
+    summary = result.summary(slo_ttft_ms=2000, slo_itl_ms=50)
+    assert summary.completed == 40 and summary.prefix_hit_rate > 0.3
+    assert sum(s.requests_finished for s in result.engine_stats.values()) == 40
+
+
+def test_pd_charges_transfer_and_decode_does_not_prefill_it():
+    workload = chat(num=10, rate=0.5, fraction=0.0)
+    slow = pd_fleet(False, False, nic=links.nic(25)).run(workload)
+    fast = pd_fleet(True, True).run(workload)
+    for result in (slow, fast):
+        assert all(r.disaggregated and r.error is None for r in result.results)
+        decode = result.engine_stats["d"]
+        prefill = result.engine_stats["p"]
+        # The decode engine computed one prompt token per request; the rest was transferred.
+        assert decode.prompt_tokens_local_compute == 10
+        assert decode.prompt_tokens_external == 10 * 1999
+        assert prefill.prompt_tokens_local_compute == 10 * 2000
+        assert prefill.num_held == 0 and prefill.num_used_blocks == 0
+    expected = links.nic(25).transfer_seconds(2000 * 160 * 1024)
+    assert slow.results[0].transfer_seconds == pytest.approx(expected)
+    assert fast.results[0].transfer_seconds < expected / 50
+    slow_ttft = sum(r.ttft for r in slow.results) / 10
+    fast_ttft = sum(r.ttft for r in fast.results) / 10
+    assert slow_ttft - fast_ttft == pytest.approx(expected, rel=0.2)
+
+
+def test_link_model_picks_link_by_placement():
+    model = LinkModel(nic=links.nic(200), node_nics={"slow": links.nic(25, rdma=False)})
+    spec = EngineSpec("x", MODEL, "H200")
+    a = FleetEngine(spec, "n1", "g1")
+    assert model.between(a, FleetEngine(spec, "n1", "g1")).kind == "nvlink"
+    assert model.between(a, FleetEngine(spec, "n1", "g2")).kind == "pcie"
+    assert model.between(a, FleetEngine(spec, "n2", None)).label == "200G RDMA"
+    assert model.between(a, FleetEngine(spec, "slow", None)).kind == "tcp"
+
+
+def test_role_change_drains_before_switching():
+    engines = uniform_fleet(3, MODEL, "H200", roles=["prefill", "decode", "decode"])
+    changes = []
+
+    def controller(now, snapshot):
+        assert {e.engine_id for e in snapshot.engines} == {"e0", "e1", "e2"}
+        if not changes and snapshot.engines[0].inflight_prefill > 0:
+            changes.append(now)
+            return [RoleChange("e0", "decode", reason="test")]
+        return []
+
+    fleet = VirtualFleet(engines, controller=controller, control_interval_s=1.0)
+    result = fleet.run(chat(num=60, rate=6.0, osl=20))
+    assert changes, "the controller never saw prefill work in flight"
+    record = result.role_changes[0]
+    assert (record.engine_id, record.old_role, record.new_role) == ("e0", "prefill", "decode")
+    # It finished the prefills it had, so it switched after the request, not at once.
+    assert record.completed_at is not None and record.completed_at > record.requested_at
+    assert fleet.member("e0").role == "decode"
+    late_prefills = [
+        r for r in result.results
+        if r.prefill_engine == "e0" and r.decode_engine != "e0"
+        and r.arrival > record.requested_at
+    ]
+    assert late_prefills == []
+    # With no prefill engine left, later requests are served whole by the decode engines.
+    late = [r for r in result.results if r.arrival > record.completed_at]
+    assert late and all(not r.disaggregated for r in late)
+    assert all(r.error is None for r in result.results)
+
+
+def test_kv_aware_routing_beats_round_robin_on_hits():
+    workload = chat(num=80, rate=3.0, isl=3000, osl=10, prefixes=4, fraction=0.8)
+    rates = {}
+    for name, router in (("rr", RoundRobinRouter()), ("kv", KVAwareRouter()),
+                         ("ll", LeastLoadedRouter())):
+        fleet = VirtualFleet(uniform_fleet(4, MODEL, "H200"), router=router)
+        result = fleet.run(workload)
+        assert all(r.error is None for r in result.results)
+        rates[name] = result.summary(2000, 50).prefix_hit_rate
+    assert rates["kv"] > rates["rr"]
+    assert rates["kv"] > 0.6
+
+
+def test_summarize_percentiles_and_goodput():
+    def rec(ttft, itls, error=None):
+        return SimpleNamespace(ttft=ttft, itls=itls, prompt_tokens=100, cached_tokens=50,
+                               output_tokens=len(itls) + 1, error=error)
+
+    records = [rec(0.1, [0.01] * 9), rec(0.3, [0.02] * 9), rec(2.0, [0.01] * 9),
+               rec(0.2, [0.2] * 9), rec(None, [], error="boom")]
+    summary = summarize(records, slo_ttft_ms=1000, slo_itl_ms=50, attainment=0.5,
+                        num_gpus=2, duration=10)
+    assert summary.requests == 5 and summary.completed == 4 and summary.failed == 1
+    assert summary.goodput_rps == pytest.approx(0.2)
+    assert summary.goodput_rps_per_gpu == pytest.approx(0.1)
+    assert summary.slo_attainment == pytest.approx(0.4) and not summary.slo_met
+    assert summary.ttft_ms["p50"] == pytest.approx(250)
+    assert summary.prefix_hit_rate == pytest.approx(0.5)
+    assert percentile([3, 1, 2], 50) == 2 and percentile([], 50) is None
+    assert summary.lines()[0].startswith("requests 5")
