@@ -173,6 +173,10 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {}
+CELERY_BEAT_SCHEDULE["telemetry-liveness"] = {"task": "telemetry.check_liveness", "schedule": 5.0}
+CELERY_BEAT_SCHEDULE["telemetry-expire-commands"] = {
+    "task": "telemetry.expire_commands", "schedule": 30.0}
+CELERY_BEAT_SCHEDULE["telemetry-rollups"] = {"task": "telemetry.persist_rollups", "schedule": 60.0}
 
 PROMETHEUS_URL = _cfg["prometheus_url"]
 METRICS_TOKEN = _cfg["metrics_token"]

@@ -1,0 +1,366 @@
+"""The agent ingest consumer at /ws/agent/v1/ (protocol: docs/agent-protocol.md).
+
+Per report the hot path is: orjson parse → token-bucket check → validation against the
+hello inventory → hand the Redis commands to the process's batching writer → (optional
+ack). No database access and no channel-layer send happen per report. Anything wrong with
+a frame is answered with a typed ``error`` frame and dropped; the consumer never crashes on
+input, and one node's garbage cannot affect another node's connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections import deque
+
+import orjson
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+
+from workers_agent import protocol as proto
+
+from . import hotstate
+from .ingest import NodeContext, index_commands, report_commands
+
+log = logging.getLogger(__name__)
+
+HELLO_TIMEOUT_S = 10.0
+ERROR_WINDOW_S = 10.0
+ERROR_LIMIT = 200  # errors per window before the connection is dropped (4008)
+
+# Per-node token buckets, shared by every connection of this process so reconnecting does
+# not refill a flooding node's bucket.
+_buckets: dict[int, proto.TokenBucket] = {}
+
+# Lua: claim the node's live marker for a new connection; returns the previous channel.
+_CLAIM_LUA = """
+local old = redis.call('HGET', KEYS[1], 'channel')
+redis.call('HSET', KEYS[1], 'gen', ARGV[1], 'channel', ARGV[2], 'connected_at', ARGV[3])
+redis.call('HDEL', KEYS[1], 'disconnected_at')
+return old
+"""
+# Lua: release it only if this connection's generation is still the current one.
+_RELEASE_LUA = """
+if redis.call('HGET', KEYS[1], 'gen') == ARGV[1] then
+  redis.call('HDEL', KEYS[1], 'channel')
+  redis.call('HSET', KEYS[1], 'disconnected_at', ARGV[2])
+  return 1
+end
+return 0
+"""
+
+
+def max_reports_per_s() -> float:
+    return float(getattr(settings, "TELEMETRY_MAX_REPORTS_PER_S", None) or os.environ.get(
+        "PDPLANE_AGENT_MAX_REPORTS_PER_S", proto.DEFAULT_MAX_REPORTS_PER_S))
+
+
+def report_burst() -> float:
+    return float(getattr(settings, "TELEMETRY_REPORT_BURST", None) or os.environ.get(
+        "PDPLANE_AGENT_REPORT_BURST", proto.DEFAULT_REPORT_BURST))
+
+
+def bearer_token(scope) -> str:
+    for name, value in scope.get("headers", []):
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            if scheme.lower() == "bearer":
+                return token.strip()
+    return ""
+
+
+class AgentConsumer(AsyncWebsocketConsumer):
+    node = None
+    ctx: NodeContext | None = None
+    inventory: proto.Inventory | None = None
+
+    async def connect(self):
+        # Accept first so a refused agent learns *why* (typed error + close code) instead
+        # of a bare HTTP 403 it cannot tell from a proxy problem.
+        await self.accept()
+        self.errors: deque[float] = deque()
+        self.observed: dict[str, tuple] = {}
+        self.background: set[asyncio.Task] = set()
+        from .tokens import node_for_token
+
+        self.node = await database_sync_to_async(node_for_token)(bearer_token(self.scope))
+        if self.node is None:
+            await self.send_error(proto.ProtocolError("unauthorized", "unknown or missing "
+                                                      "bearer token"))
+            await self.close(code=proto.CLOSE_UNAUTHORIZED)
+            return
+        self.hello_timer = asyncio.get_running_loop().call_later(
+            HELLO_TIMEOUT_S, lambda: self.spawn(self._hello_timeout()))
+
+    async def _hello_timeout(self):
+        if self.ctx is None:
+            await self.send_error(proto.ProtocolError(proto.ErrorCode.HELLO_REQUIRED,
+                                                      "no hello within the time limit"))
+            await self.close(code=proto.CLOSE_PROTOCOL)
+
+    def spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.background.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self.background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("agent consumer background task failed: %r", task.exception())
+
+    async def send_json(self, obj) -> None:
+        await self.send(text_data=orjson.dumps(obj).decode())
+
+    async def send_error(self, err: proto.ProtocolError, ref=None) -> None:
+        await self.send_json(err.frame(ref))
+
+    async def receive(self, text_data=None, bytes_data=None):
+        if self.node is None:
+            return
+        try:
+            await self._receive(text_data if text_data is not None else bytes_data)
+        except Exception:  # a bug must cost one frame, not the connection
+            log.exception("agent consumer failed on a frame from node %s", self.node.pk)
+            await self.send_error(proto.ProtocolError(proto.ErrorCode.INTERNAL,
+                                                      "server error; frame dropped"))
+
+    async def _count_error(self) -> bool:
+        """Record an error; True when the connection has produced too many and is closed."""
+        now = time.monotonic()
+        self.errors.append(now)
+        while self.errors and self.errors[0] < now - ERROR_WINDOW_S:
+            self.errors.popleft()
+        if len(self.errors) > ERROR_LIMIT:
+            await self.close(code=proto.CLOSE_TOO_MANY_ERRORS)
+            return True
+        return False
+
+    async def reject(self, err: proto.ProtocolError, ref=None) -> None:
+        if not await self._count_error():
+            await self.send_error(err, ref)
+
+    async def _receive(self, data) -> None:
+        if data is None:
+            return
+        if len(data) > proto.MAX_FRAME_BYTES:
+            await self.reject(proto.ProtocolError(
+                proto.ErrorCode.TOO_LARGE, f"frame exceeds {proto.MAX_FRAME_BYTES} bytes"))
+            return
+        try:
+            msg = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            await self.reject(proto.ProtocolError(proto.ErrorCode.BAD_JSON, str(exc)[:200]))
+            return
+        kind = msg.get("type") if isinstance(msg, dict) else None
+        if kind == "report":
+            await self.on_report(msg)
+        elif kind == "hello":
+            await self.on_hello(msg)
+        elif kind == "command_result":
+            await self.on_command_result(msg)
+        elif kind == "inventory":
+            await self.on_inventory(msg)
+        else:
+            await self.reject(proto.ProtocolError(
+                proto.ErrorCode.UNKNOWN_TYPE, f"unknown message type {str(kind)[:40]!r}"))
+
+    # ---------------------------------------------------------------- hello / inventory
+
+    async def on_hello(self, msg: dict) -> None:
+        if self.ctx is not None:
+            await self.reject(proto.ProtocolError(proto.ErrorCode.BAD_SCHEMA,
+                                                  "hello was already received"))
+            return
+        errors = proto.validate_hello(msg)
+        if errors:
+            await self.send_error(errors[0])
+            await self.close(code=proto.CLOSE_PROTOCOL)
+            return
+        version = proto.negotiate_version(msg["protocol"])
+        if version is None:
+            await self.send_error(proto.ProtocolError(
+                proto.ErrorCode.UNSUPPORTED_VERSION,
+                f"server speaks protocol {list(proto.SUPPORTED_VERSIONS)}"))
+            await self.close(code=proto.CLOSE_UNSUPPORTED_VERSION)
+            return
+        if msg["hostname"] != self.node.hostname:
+            await self.send_error(proto.ProtocolError(
+                proto.ErrorCode.FORBIDDEN,
+                f"this token belongs to {self.node.hostname!r}, not {msg['hostname'][:64]!r}"))
+            await self.close(code=proto.CLOSE_FORBIDDEN)
+            return
+        self.hello_timer.cancel()
+        result = await database_sync_to_async(_accept_hello)(
+            self.node.pk, msg["agent_version"], version, msg["inventory"])
+        redis = hotstate.async_redis()
+        keys = hotstate.Keys()
+        gen = int(await redis.incr(keys.gen(self.node.pk)))
+        self.ctx = NodeContext(
+            node_id=self.node.pk, cluster_id=self.node.cluster_id,
+            hostname=self.node.hostname, gen=gen, interval_s=hotstate.report_interval_s(),
+            workers=result.workers)
+        self.inventory = proto.Inventory.from_hello(msg["inventory"])
+        writer = hotstate.get_writer()
+        await writer.submit(index_commands(self.ctx, keys))
+        old_channel = await redis.eval(_CLAIM_LUA, 1, keys.live(self.node.pk), gen,
+                                       self.channel_name or "", time.time())
+        if old_channel and old_channel.decode() != self.channel_name and self.channel_layer:
+            # The same node connected again: the newest connection wins.
+            await self.channel_layer.send(old_channel.decode(),
+                                          {"type": "agent.superseded", "gen": gen})
+        await self.send_json({
+            "type": "welcome", "protocol": version, "node_id": self.node.pk,
+            "cluster_id": self.node.cluster_id, "gen": gen,
+            "report_interval_s": self.ctx.interval_s, "server_time": time.time(),
+            "limits": {"max_frame_bytes": proto.MAX_FRAME_BYTES,
+                       "max_reports_per_s": max_reports_per_s(), "burst": report_burst()},
+            "unmatched_engines": result.unmatched,
+        })
+        for frame in await database_sync_to_async(_claim_pending_commands)(self.node.pk):
+            await self.send_json(frame)
+
+    async def on_inventory(self, msg: dict) -> None:
+        if self.ctx is None:
+            await self.reject(proto.ProtocolError(proto.ErrorCode.HELLO_REQUIRED,
+                                                  "send hello first"))
+            return
+        errors = proto.validate_inventory_message(msg)
+        if errors:
+            await self.reject(errors[0])
+            return
+        result = await database_sync_to_async(_accept_hello)(
+            self.node.pk, None, None, msg["inventory"])
+        self.ctx.workers = result.workers
+        self.inventory = proto.Inventory.from_hello(msg["inventory"])
+        await hotstate.get_writer().submit(index_commands(self.ctx, hotstate.Keys()))
+
+    # ---------------------------------------------------------------- report
+
+    async def on_report(self, msg: dict) -> None:
+        ctx = self.ctx
+        if ctx is None:
+            await self.reject(proto.ProtocolError(proto.ErrorCode.HELLO_REQUIRED,
+                                                  "send hello first"))
+            return
+        seq = msg.get("seq")
+        bucket = _buckets.get(ctx.node_id)
+        now_mono = time.monotonic()
+        if bucket is None:
+            bucket = _buckets[ctx.node_id] = proto.TokenBucket(
+                max_reports_per_s(), report_burst(), now_mono)
+        if not bucket.take(now_mono):
+            await self.reject(proto.ProtocolError(
+                proto.ErrorCode.RATE_LIMITED,
+                f"more than {bucket.rate:g} reports/s; report dropped"), seq)
+            return
+        errors = proto.validate_report(msg, self.inventory)
+        if errors:
+            first = errors[0]
+            more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+            await self.reject(proto.ProtocolError(first.code, first.reason + more, first.path),
+                              seq)
+            return
+        writer = hotstate.get_writer()
+        now = time.time()
+        ok = await writer.submit(report_commands(ctx, msg, now, writer.keys, writer.history_due))
+        writer.mark_changed(ctx.cluster_id, ctx.node_id)
+        self._track_observed(msg)
+        if msg.get("ack"):
+            if ok:
+                await self.send_json({"type": "ack", "seq": seq})
+            else:
+                await self.send_error(proto.ProtocolError(
+                    proto.ErrorCode.INTERNAL, "hot state unavailable; report dropped"), seq)
+
+    def _track_observed(self, msg: dict) -> None:
+        for eng in msg.get("engines", ()):
+            wid = self.ctx.workers.get(eng["id"])
+            if wid is None:
+                continue
+            seen = (eng.get("role"), eng.get("generation"))
+            if seen != self.observed.get(eng["id"]) and (seen[0] or seen[1] is not None):
+                self.observed[eng["id"]] = seen
+                from .reconcile import record_observed
+
+                self.spawn(database_sync_to_async(record_observed)(wid, *seen))
+
+    # ---------------------------------------------------------------- commands
+
+    async def on_command_result(self, msg: dict) -> None:
+        if self.ctx is None:
+            await self.reject(proto.ProtocolError(proto.ErrorCode.HELLO_REQUIRED,
+                                                  "send hello first"))
+            return
+        errors = proto.validate_command_result(msg)
+        if errors:
+            await self.reject(errors[0], msg.get("id"))
+            return
+        from .commands import record_result
+
+        found = await database_sync_to_async(record_result)(
+            self.node.pk, msg["id"], msg["status"], msg.get("detail") or "")
+        if not found:
+            await self.reject(proto.ProtocolError(
+                proto.ErrorCode.FORBIDDEN, "no such command for this node"), msg["id"])
+
+    async def agent_command(self, event):
+        """Channel-layer message from commands.send_command: forward it to the agent."""
+        if self.ctx is None:
+            return  # delivered from the database on hello instead
+        from .commands import mark_sent
+
+        if await database_sync_to_async(mark_sent)(event["id"]):
+            await self.send_json({"type": "command", "id": event["id"],
+                                  "command": event["command"], "args": event["args"],
+                                  "expires_at": event.get("expires_at")})
+
+    async def agent_superseded(self, event):
+        if self.ctx is not None and event.get("gen") != self.ctx.gen:
+            await self.send_error(proto.ProtocolError(
+                "superseded", "a newer connection of this node took over"))
+            await self.close(code=proto.CLOSE_SUPERSEDED)
+
+    # ---------------------------------------------------------------- disconnect
+
+    async def disconnect(self, code):
+        timer = getattr(self, "hello_timer", None)
+        if timer is not None:
+            timer.cancel()
+        if self.ctx is None:
+            return
+        try:
+            released = await hotstate.async_redis().eval(
+                _RELEASE_LUA, 1, hotstate.Keys().live(self.ctx.node_id), self.ctx.gen,
+                time.time())
+            if released:
+                from .liveness import mark_disconnected
+
+                await database_sync_to_async(mark_disconnected)(self.ctx.node_id)
+        except Exception as exc:
+            log.warning("disconnect bookkeeping for node %s failed: %s", self.ctx.node_id, exc)
+
+
+def _accept_hello(node_id: int, agent_version, protocol_version, inventory: dict):
+    from django.utils import timezone
+
+    from controlplane.topology.choices import NodeStatus
+    from controlplane.topology.models import Node
+
+    from .reconcile import reconcile_inventory
+
+    node = Node.objects.get(pk=node_id)
+    result = reconcile_inventory(node, inventory)
+    updates = {"status": NodeStatus.ONLINE, "last_seen": timezone.now()}
+    if agent_version is not None:
+        updates.update(agent_version=agent_version[:32], agent_protocol=protocol_version)
+    Node.objects.filter(pk=node_id).exclude(status=NodeStatus.MAINTENANCE).update(**updates)
+    return result
+
+
+def _claim_pending_commands(node_id: int) -> list[dict]:
+    from .commands import pending_frames
+
+    return pending_frames(node_id)

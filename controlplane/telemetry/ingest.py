@@ -1,0 +1,116 @@
+"""Turning one validated report into hot-state writes (pure: no Django, no I/O).
+
+The consumer calls :func:`report_commands` for every report and hands the result to the
+process's batching writer. Kept separate so the shape of the hot state is tested without
+a server.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import orjson
+
+from .hotstate import HISTORY_POINTS, Keys
+
+ENGINE_FIELDS = (
+    "up", "role", "generation", "running", "waiting", "kv_blocks_used", "kv_blocks_total",
+    "kv_usage", "prefix_hit_rate", "prompt_tokens_per_s", "generation_tokens_per_s",
+    "ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s", "preemptions", "kv_events",
+)
+
+
+@dataclass
+class NodeContext:
+    """What the consumer knows about its node after hello."""
+
+    node_id: int
+    cluster_id: int
+    hostname: str
+    gen: int
+    interval_s: float
+    workers: dict[str, int | None] = field(default_factory=dict)  # engine id → worker id
+
+
+def _mean(values):
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _sum(values):
+    values = [v for v in values if v is not None]
+    return sum(values) if values else None
+
+
+def node_history_point(report: dict, now: float) -> dict:
+    gpus, nics = report.get("gpus", []), report.get("nics", [])
+    return {
+        "t": now,
+        "gpu_utilization": _mean(g.get("utilization") for g in gpus),
+        "gpu_memory_used_bytes": _sum(g.get("memory_used_bytes") for g in gpus),
+        "power_w": _sum(g.get("power_w") for g in gpus),
+        "nic_tx_gbps": _sum(n.get("tx_gbps") for n in nics),
+        "nic_rx_gbps": _sum(n.get("rx_gbps") for n in nics),
+    }
+
+
+def worker_history_point(engine: dict, now: float) -> dict:
+    return {
+        "t": now,
+        **{k: engine.get(k) for k in ("running", "waiting", "kv_usage", "prefix_hit_rate",
+                                      "prompt_tokens_per_s", "generation_tokens_per_s",
+                                      "ttft_p95_s", "itl_p95_s")},
+    }
+
+
+def build_states(ctx: NodeContext, report: dict, now: float) -> tuple[dict, dict[int, dict]]:
+    """(node state, {worker id: worker state}) for one report."""
+    common = {"ts": report["ts"], "received_at": now, "seq": report["seq"],
+              "interval_s": ctx.interval_s, "gen": ctx.gen}
+    engines_brief, unmatched, workers = [], [], {}
+    for eng in report.get("engines", []):
+        wid = ctx.workers.get(eng["id"])
+        state = {k: eng.get(k) for k in ENGINE_FIELDS}
+        engines_brief.append({"id": eng["id"], "worker_id": wid})
+        if wid is None:
+            unmatched.append({"id": eng["id"], **state})
+        else:
+            workers[wid] = {"worker_id": wid, "node_id": ctx.node_id, "engine": eng["id"],
+                            "last_report_at": now, **state, **common}
+    node = {
+        "node_id": ctx.node_id, "cluster_id": ctx.cluster_id, "hostname": ctx.hostname,
+        "last_report_at": now, **common,
+        "gpus": report.get("gpus", []), "nics": report.get("nics", []),
+        "engines": engines_brief, "unmatched_engines": unmatched,
+        "agent": report.get("agent") or {},
+    }
+    return node, workers
+
+
+def report_commands(ctx: NodeContext, report: dict, now: float, keys: Keys,
+                    history_due) -> list[tuple]:
+    """Redis commands writing one report: one HSET into the cluster hash, one ZADD for
+    liveness, and history pushes when ``history_due(key, now)`` says so."""
+    node, workers = build_states(ctx, report, now)
+    hset = ["HSET", keys.cluster(ctx.cluster_id), f"n:{ctx.node_id}", orjson.dumps(node)]
+    for wid, state in workers.items():
+        hset += [f"w:{wid}", orjson.dumps(state)]
+    cmds: list[tuple] = [tuple(hset), ("ZADD", keys.seen, now, ctx.node_id)]
+    hkey = keys.history("n", ctx.node_id)
+    if history_due(hkey, now):
+        cmds.append(("RPUSH", hkey, orjson.dumps(node_history_point(report, now))))
+        cmds.append(("LTRIM", hkey, -HISTORY_POINTS, -1))
+        for wid, state in workers.items():
+            wkey = keys.history("w", wid)
+            cmds.append(("RPUSH", wkey, orjson.dumps(worker_history_point(state, now))))
+            cmds.append(("LTRIM", wkey, -HISTORY_POINTS, -1))
+    return cmds
+
+
+def index_commands(ctx: NodeContext, keys: Keys) -> list[tuple]:
+    """Written on hello: where each node/worker of this connection lives."""
+    mapping = ["HSET", keys.idx, f"n:{ctx.node_id}", ctx.cluster_id]
+    for wid in ctx.workers.values():
+        if wid is not None:
+            mapping += [f"w:{wid}", ctx.cluster_id]
+    return [tuple(mapping)]

@@ -1,0 +1,261 @@
+"""The agent consumer in-process (channels WebsocketCommunicator) with real Redis/Postgres."""
+
+import asyncio
+import uuid
+
+import orjson
+import pytest
+from channels.testing import WebsocketCommunicator
+
+from controlplane.telemetry import hotstate
+from controlplane.telemetry.models import AgentCommand
+from controlplane.telemetry.tokens import issue_token
+from controlplane.topology.models import GPU, NIC, Cluster, Node, ServedModel, Worker
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture(autouse=True)
+def redis_prefix(settings):
+    settings.TELEMETRY_REDIS_PREFIX = f"test:{uuid.uuid4().hex[:8]}:"
+    settings.TELEMETRY_MAX_REPORTS_PER_S = 50
+    settings.TELEMETRY_REPORT_BURST = 50
+    from controlplane.telemetry import consumers
+
+    consumers._buckets.clear()
+    yield
+    from asgiref.sync import sync_to_async
+    from django.db import connections
+
+    # Close the connections opened by database_sync_to_async's thread, so the test
+    # database can be dropped at the end of the run.
+    asyncio.run(sync_to_async(connections.close_all)())
+    client = hotstate.sync_redis()
+    keys = list(client.scan_iter(settings.TELEMETRY_REDIS_PREFIX + "*"))
+    if keys:
+        client.delete(*keys)
+
+
+@pytest.fixture
+def fleet():
+    cluster = Cluster.objects.create(name="c1")
+    ServedModel.objects.create(cluster=cluster, name="m", layers=2, kv_heads=2, head_dim=32,
+                               kv_dtype_bytes=2, weight_bytes=1000)
+    a = Node.objects.create(cluster=cluster, hostname="node-a")
+    b = Node.objects.create(cluster=cluster, hostname="node-b")
+    return cluster, a, issue_token(a), b, issue_token(b)
+
+
+def hello(host="node-a"):
+    return {
+        "type": "hello", "protocol": [1], "agent_version": "test", "hostname": host,
+        "inventory": {
+            "gpus": [{"index": 0, "uuid": f"GPU-{host}-0", "name": "H200",
+                      "memory_total_bytes": 141 * 2**30},
+                     {"index": 1, "uuid": f"GPU-{host}-1", "name": "H200",
+                      "memory_total_bytes": 141 * 2**30}],
+            "nics": [{"name": "eth0", "line_rate_gbps": 100, "transport": "ethernet"}],
+            "engines": [{"id": "e0", "model": "m", "kind": "vllm", "gpus": [0], "tp": 1,
+                         "role": "both", "api_url": "http://127.0.0.1:1"},
+                        {"id": "e1", "model": "unknown-model", "gpus": [1]}],
+        },
+    }
+
+
+def report(seq, **engine):
+    return {"type": "report", "seq": seq, "ts": 1.0, "ack": True,
+            "gpus": [{"index": 0, "utilization": 0.5, "memory_used_bytes": 10,
+                      "memory_total_bytes": 100}],
+            "nics": [{"name": "eth0", "tx_gbps": 1.5, "rx_gbps": 0.5}],
+            "engines": [{"id": "e0", "up": True, "running": 3, "waiting": 1,
+                         "kv_blocks_used": 40, "kv_blocks_total": 100, "kv_usage": 0.4,
+                         "role": "both", **engine},
+                        {"id": "e1", "up": True, "running": 1}]}
+
+
+async def connect(token):
+    from controlplane.asgi import application
+
+    headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+    comm = WebsocketCommunicator(application, "/ws/agent/v1/", headers=headers)
+    connected, _ = await comm.connect()
+    assert connected
+    return comm
+
+
+async def recv(comm, timeout=5):
+    return orjson.loads(await comm.receive_from(timeout))
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_hello_report_hot_state_and_reconciliation(fleet):
+    cluster, a, token_a, _b, _ = fleet
+
+    async def scenario():
+        comm = await connect(token_a)
+        await comm.send_to(text_data=orjson.dumps(hello()).decode())
+        welcome = await recv(comm)
+        assert welcome["type"] == "welcome" and welcome["node_id"] == a.pk
+        assert welcome["unmatched_engines"] == ["e1"]
+        await comm.send_to(text_data=orjson.dumps(report(1)).decode())
+        assert await recv(comm) == {"type": "ack", "seq": 1}
+        await comm.disconnect()
+
+    run(scenario())
+    worker = Worker.objects.get(node=a, name="e0")
+    assert not Worker.objects.filter(name="e1").exists()
+    assert GPU.objects.filter(node=a).count() == 2 and NIC.objects.get(node=a).name == "eth0"
+    state = hotstate.worker_state(worker.pk)
+    assert (state["running"], state["waiting"], state["kv_blocks_used"]) == (3, 1, 40)
+    assert state["stale"] is False and state["node_id"] == a.pk
+    node = hotstate.node_state(a.pk)
+    assert node["unmatched_engines"][0]["id"] == "e1"
+    assert node["gpus"][0]["utilization"] == 0.5
+    snap = hotstate.cluster_snapshot(cluster.pk)
+    assert set(snap["nodes"]) == {a.pk} and set(snap["workers"]) == {worker.pk}
+    assert hotstate.history("kv_usage", worker_id=worker.pk)[0][1] == 0.4
+    assert hotstate.history("nic_tx_gbps", node_id=a.pk)[0][1] == 1.5
+    a.refresh_from_db()
+    assert a.status == "stale"  # its only connection closed
+
+
+def test_missing_inventory_is_flagged_not_deleted(fleet):
+    _c, a, token_a, _b, _ = fleet
+
+    async def scenario(msg):
+        comm = await connect(token_a)
+        await comm.send_to(text_data=orjson.dumps(msg).decode())
+        assert (await recv(comm))["type"] == "welcome"
+        await comm.disconnect()
+
+    run(scenario(hello()))
+    smaller = hello()
+    smaller["inventory"]["gpus"] = smaller["inventory"]["gpus"][:1]
+    smaller["inventory"]["engines"] = []
+    smaller["inventory"]["nics"] = []
+    run(scenario(smaller))
+    assert GPU.objects.get(node=a, index=1).missing is True
+    assert NIC.objects.get(node=a, name="eth0").missing is True
+    assert Worker.objects.get(node=a, name="e0").state == "missing"
+    run(scenario(hello()))
+    assert GPU.objects.get(node=a, index=1).missing is False
+    assert Worker.objects.get(node=a, name="e0").state == "active"
+
+
+def test_bad_token_and_speaking_for_another_node(fleet):
+    _c, _a, token_a, _b, _ = fleet
+
+    async def scenario():
+        comm = await connect("wrong")
+        err = await recv(comm)
+        assert err["code"] == "unauthorized"
+        assert (await comm.receive_output(2))["code"] == 4001
+        comm = await connect(token_a)
+        await comm.send_to(text_data=orjson.dumps(hello("node-b")).decode())
+        err = await recv(comm)
+        assert err["code"] == "forbidden"
+        assert (await comm.receive_output(2))["code"] == 4003
+
+    run(scenario())
+
+
+def test_malformed_and_flood_get_typed_errors_and_other_node_unaffected(fleet, settings):
+    _c, a, token_a, b, token_b = fleet
+    settings.TELEMETRY_MAX_REPORTS_PER_S = 5
+    settings.TELEMETRY_REPORT_BURST = 5
+
+    async def scenario():
+        ca = await connect(token_a)
+        cb = await connect(token_b)
+        await ca.send_to(text_data=orjson.dumps(hello("node-a")).decode())
+        await cb.send_to(text_data=orjson.dumps(hello("node-b")).decode())
+        assert (await recv(ca))["type"] == "welcome"
+        assert (await recv(cb))["type"] == "welcome"
+        cases = [
+            ("{not json", "bad_json"),
+            ("[1,2]", "unknown_type"),
+            (orjson.dumps({"type": "report", "seq": 1, "ts": 1.0,
+                           "gpus": [{"index": 9}]}).decode(), "unknown_gpu"),
+            (orjson.dumps(report(2) | {"gpus": [{"index": 0, "utilization": 2}]}).decode(),
+             "out_of_range"),
+            ("x" * 300_000, "too_large"),
+        ]
+        for text, code in cases:
+            await ca.send_to(text_data=text)
+            assert (await recv(ca))["code"] == code
+        # Flood: beyond the bucket, reports are refused with rate_limited…
+        for seq in range(10, 30):
+            await ca.send_to(text_data=orjson.dumps(report(seq)).decode())
+        frames = [await recv(ca) for _ in range(20)]
+        assert any(f.get("code") == "rate_limited" for f in frames)
+        # …while node B goes on undisturbed.
+        await cb.send_to(text_data=orjson.dumps(report(1, running=7)).decode())
+        assert await recv(cb) == {"type": "ack", "seq": 1}
+        await ca.disconnect()
+        await cb.disconnect()
+
+    run(scenario())
+    worker_b = Worker.objects.get(node=b, name="e0")
+    assert hotstate.worker_state(worker_b.pk)["running"] == 7
+
+
+def test_command_round_trip_and_late_delivery(fleet):
+    from controlplane.telemetry.commands import command_status, send_command
+
+    _c, a, token_a, _b, _ = fleet
+    queued_early = send_command(a.pk, "drain", {"engine": "e0"})  # not connected yet
+
+    async def scenario():
+        comm = await connect(token_a)
+        await comm.send_to(text_data=orjson.dumps(hello()).decode())
+        assert (await recv(comm))["type"] == "welcome"
+        early = await recv(comm)
+        assert early["type"] == "command" and early["id"] == queued_early
+        from asgiref.sync import sync_to_async
+
+        cid = await sync_to_async(send_command)(a.pk, "set_role",
+                                                {"engine": "e0", "role": "prefill"})
+        cmd = await recv(comm)
+        assert cmd == {"type": "command", "id": cid, "command": "set_role",
+                       "args": {"engine": "e0", "role": "prefill"},
+                       "expires_at": cmd["expires_at"]}
+        for ident in (cid, queued_early):
+            await comm.send_to(text_data=orjson.dumps(
+                {"type": "command_result", "id": ident, "status": "succeeded",
+                 "detail": "ok"}).decode())
+        await comm.send_to(text_data=orjson.dumps(
+            {"type": "command_result", "id": str(uuid.uuid4()), "status": "succeeded"}
+        ).decode())
+        assert (await recv(comm))["code"] == "forbidden"
+        await comm.disconnect()
+        return cid
+
+    cid = run(scenario())
+    assert command_status(cid)["status"] == "succeeded"
+    assert AgentCommand.objects.get(pk=queued_early).status == "succeeded"
+
+
+def test_old_connection_late_disconnect_does_not_mark_node_offline(fleet):
+    _c, a, token_a, _b, _ = fleet
+
+    async def scenario():
+        old = await connect(token_a)
+        await old.send_to(text_data=orjson.dumps(hello()).decode())
+        assert (await recv(old))["type"] == "welcome"
+        new = await connect(token_a)
+        await new.send_to(text_data=orjson.dumps(hello()).decode())
+        assert (await recv(new))["type"] == "welcome"
+        superseded = await recv(old)
+        assert superseded["code"] == "superseded"
+        await old.disconnect()
+        await asyncio.sleep(0.2)
+        live = await asyncio.to_thread(hotstate.live_connection, a.pk)
+        assert live.get("channel")  # the new connection still owns the node
+        await new.send_to(text_data=orjson.dumps(report(1)).decode())
+        assert (await recv(new))["type"] == "ack"
+        await new.disconnect()
+
+    run(scenario())
