@@ -177,6 +177,10 @@ CELERY_BEAT_SCHEDULE["telemetry-liveness"] = {"task": "telemetry.check_liveness"
 CELERY_BEAT_SCHEDULE["telemetry-expire-commands"] = {
     "task": "telemetry.expire_commands", "schedule": 30.0}
 CELERY_BEAT_SCHEDULE["telemetry-rollups"] = {"task": "telemetry.persist_rollups", "schedule": 60.0}
+# Planner: checks every 10 s which clusters are due (interval from policy); drains every 5 s.
+CELERY_BEAT_SCHEDULE["planner-due"] = {"task": "planner.plan_due_clusters", "schedule": 10.0}
+CELERY_BEAT_SCHEDULE["planner-drains"] = {"task": "planner.track_drains", "schedule": 5.0}
+PLANNER_DRAIN_TIMEOUT_S = 600
 
 PROMETHEUS_URL = _cfg["prometheus_url"]
 METRICS_TOKEN = _cfg["metrics_token"]
@@ -262,7 +266,6 @@ if not DEBUG:
     SESSION_COOKIE_HTTPONLY = True
     X_FRAME_OPTIONS = "DENY"
     SECURE_CONTENT_TYPE_NOSNIFF = True
-CELERY_BEAT_SCHEDULE["routing-reconcile"] = {"task": "routing.reconcile_routing", "schedule": 15.0}
 
 # --- Alerts (controlplane/alerts/conf.py reads the other ALERTS_* knobs) ---------------
 # Webhook targets that resolve to private/loopback/link-local addresses are refused
@@ -276,3 +279,4 @@ CELERY_BEAT_SCHEDULE["alerts-sweep-deliveries"] = {
     "task": "alerts.sweep_deliveries",
     "schedule": 5.0,
 }
+CELERY_BEAT_SCHEDULE["routing-reconcile"] = {"task": "routing.reconcile_routing", "schedule": 15.0}

@@ -1,2 +1,8 @@
+from django.urls import path
+
+from . import views
+
 app_name = "planner"
-urlpatterns: list = []
+urlpatterns = [
+    path("whatif", views.whatif_view, name="whatif"),
+]

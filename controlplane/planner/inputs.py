@@ -1,0 +1,211 @@
+"""Glue: topology (database) + hot state (Redis) + policy → the planner's pure inputs.
+
+The planner core never sees Django objects; this module is the only place that reads them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass
+
+from django.conf import settings
+
+from controlplane.policies.models import effective_policy_for
+from controlplane.telemetry import hotstate
+from controlplane.topology.models import Cluster, ServedModel
+
+from .calibration import Calibration
+from .costmodel import DEFAULT_PARAMS, Link, ModelSpec, WorkerShape, gpu_profile_for
+from .models import OPEN_STATUSES, ModelPlannerState, Plan
+from .placement import NicInput, NodeLinks, WorkerInput
+from .planner import LoadInput, ModelInput
+
+log = logging.getLogger(__name__)
+
+PEAK_DECAY = 0.9  # per planning cycle: a peak fades to a third in ~10 cycles
+_reader = None
+
+
+@dataclass
+class ClusterInputs:
+    models: list[ModelInput]
+    nodes_total: int
+    nodes_stale: int
+    measured: dict[int, tuple[float | None, float | None, str]]  # model id → p95s, source
+    states: dict[int, ModelPlannerState]
+    snapshot_at: float
+
+
+def _prometheus():
+    global _reader
+    url = getattr(settings, "PROMETHEUS_URL", None)
+    if not url:
+        return None
+    if _reader is None or _reader.url != url:
+        from controlplane.observability.promread import FleetLatencyReader
+
+        _reader = FleetLatencyReader(url)
+    return _reader
+
+
+def measured_latency(
+    served_model: ServedModel, worker_states: list[dict]
+) -> tuple[float | None, float | None, str]:
+    """(TTFT p95 s, ITL p95 s, source): Prometheus when ``PROMETHEUS_URL`` is set and has
+    data, else the worst windowed p95 the model's agents reported."""
+    reader = _prometheus()
+    if reader is not None:
+        figures = reader.model_figures(served_model.name)
+        if figures is not None:
+            return figures.ttft_p95_s, figures.itl_p95_s, "prometheus"
+
+    def worst(key):
+        values = [s.get(key) for s in worker_states if isinstance(s.get(key), int | float)]
+        return max(values) if values else None
+
+    return worst("ttft_p95_s"), worst("itl_p95_s"), "agents"
+
+
+def model_spec(sm: ServedModel) -> ModelSpec:
+    # Parameters from the weights: bytes ÷ bytes per parameter (KV dtype as the proxy
+    # for the weight dtype: FP8 KV usually goes with FP8 weights).
+    dtype = 1.0 if sm.kv_dtype_bytes <= 1 else 2.0
+    return ModelSpec(
+        name=sm.name,
+        layers=sm.layers,
+        kv_heads=sm.kv_heads,
+        head_dim=sm.head_dim,
+        kv_dtype_bytes=sm.kv_dtype_bytes,
+        params_b=sm.weight_bytes / dtype / 1e9,
+        weight_bytes=float(sm.weight_bytes),
+        kv_bytes_per_token_explicit=sm.kv_bytes_per_token_explicit,
+        max_model_len=sm.max_model_len,
+    )
+
+
+def _node_links(node) -> NodeLinks:
+    gpus = [g for g in node.gpus.all() if not g.missing]
+    pcie = Link.pcie(5, 16)
+    nvlink = None
+    if gpus:
+        g = gpus[0]
+        pcie = Link("pcie", g.pcie_gbs, f"PCIe Gen{g.pcie_generation} x{g.pcie_width}")
+        nv = [x.nvlink_bandwidth_gbs for x in gpus if x.nvlink_group is not None]
+        if nv and max(nv) > 0:
+            # Inventory gives the per-GPU total; a transfer uses one direction.
+            nvlink = Link.nvlink(min(nv) / 2)
+    nics = tuple(
+        NicInput(n.fabric.name if n.fabric_id else f"{n.transport}-default",
+                 n.line_rate_gbps, n.rdma)
+        for n in node.nics.all()
+        if not n.missing
+    )
+    return NodeLinks(pcie, nvlink, nics)
+
+
+def _num(state: dict | None, key: str) -> float:
+    v = (state or {}).get(key)
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0
+
+
+def gather_cluster(cluster: Cluster) -> ClusterInputs:
+    try:
+        snap = hotstate.cluster_snapshot(cluster.pk)
+    except Exception as exc:  # Redis down: every node counts as stale → fail-static
+        log.warning("hot state unavailable for cluster %s: %s", cluster.pk, exc)
+        snap = {"nodes": {}, "workers": {}, "at": 0.0}
+    hot_nodes, hot_workers = snap["nodes"], snap["workers"]
+    nodes = list(cluster.nodes.prefetch_related("gpus", "nics__fabric"))
+    stale_nodes = {
+        n.pk for n in nodes if not hot_nodes.get(n.pk) or hot_nodes[n.pk].get("stale")
+    }
+    links = {n.hostname: _node_links(n) for n in nodes}
+    open_models = set(
+        Plan.objects.filter(cluster=cluster, status__in=OPEN_STATUSES).exclude(
+            status="proposed"
+        ).values_list("served_model_id", flat=True)
+    )
+    models, measured, states = [], {}, {}
+    served = ServedModel.objects.filter(cluster=cluster).prefetch_related(
+        "workers__gpus", "workers__node"
+    )
+    for sm in served:
+        workers = list(sm.workers.all())
+        if not workers:
+            continue
+        state, _ = ModelPlannerState.objects.get_or_create(served_model=sm)
+        states[sm.pk] = state
+        policy, _sources = effective_policy_for(sm)
+        shapes = Counter()
+        gpu_rows = {}
+        for w in workers:
+            gpus = list(w.gpus.all())
+            if gpus:
+                key = (gpus[0].product_name, w.tp_size)
+                shapes[key] += 1
+                gpu_rows[key] = gpus[0]
+        if shapes:
+            (product, tp), _ = max(shapes.items(), key=lambda kv: (kv[1], kv[0]))
+            g = gpu_rows[(product, tp)]
+            gpu = gpu_profile_for(product, g.memory_bytes, g.memory_bandwidth_gbs,
+                                  (g.nvlink_bandwidth_gbs or 0) / 2, g.pcie_gbs)
+        else:
+            tp, gpu = 1, gpu_profile_for("")
+        winputs, wstates = [], []
+        for w in sorted(workers, key=lambda x: (x.node.hostname, x.name)):
+            hs = hot_workers.get(w.pk)
+            if hs:
+                wstates.append(hs)
+            group = next((g.nvlink_group for g in w.gpus.all()), None)
+            winputs.append(WorkerInput(
+                id=w.pk, name=str(w), node=w.node.hostname, nvlink_group=group,
+                role=w.desired_role, state=w.state,
+                changed_at=w.role_changed_at.timestamp() if w.role_changed_at else None,
+                running=int(_num(hs, "running")), waiting=int(_num(hs, "waiting")),
+                kv_usage=_num(hs, "kv_usage"),
+                stale=(hs is None or bool(hs.get("stale")) or w.node_id in stale_nodes),
+            ))
+        load = _load(sm, state, wstates, {w.pk: w.desired_role for w in workers})
+        ttft, itl, source = measured_latency(sm, wstates)
+        measured[sm.pk] = (ttft, itl, source)
+        cal = Calibration(state.ttft_factor, state.itl_factor, state.calibration_samples)
+        models.append(ModelInput(
+            served_model_id=sm.pk, model=model_spec(sm), shape=WorkerShape(gpu, tp),
+            workers=tuple(winputs), load=load, policy=policy, node_links=links,
+            params=cal.apply(DEFAULT_PARAMS), change_in_progress=sm.pk in open_models,
+        ))
+    return ClusterInputs(models, len(nodes), len(stale_nodes), measured, states, snap["at"])
+
+
+def _load(sm, state: ModelPlannerState, wstates: list[dict], roles: dict) -> LoadInput:
+    """Request rate and lengths from the agents' token rates.
+
+    Agents report tokens/s, not requests/s. Prometheus (when configured) gives the request
+    rate; otherwise rate = generated tokens/s ÷ the model's expected answer length (a
+    per-model setting), and the prompt length follows from prompt tokens/s ÷ rate.
+    """
+    prompt_tps = sum(_num(s, "prompt_tokens_per_s") for s in wstates
+                     if roles.get(s.get("worker_id")) != "decode")
+    gen_tps = sum(_num(s, "generation_tokens_per_s") for s in wstates)
+    running = int(sum(_num(s, "running") for s in wstates))
+    hits = [_num(s, "prefix_hit_rate") for s in wstates if s.get("prefix_hit_rate") is not None]
+    rate = sum(_num(s, "requests_per_s") for s in wstates)
+    reader = _prometheus()
+    if not rate and reader is not None:
+        fig = reader.model_figures(sm.name)
+        if fig is not None and fig.request_rate:
+            rate = fig.request_rate
+    osl = float(state.expected_output_tokens or 256)
+    if not rate and gen_tps > 0:
+        rate = gen_tps / osl
+    elif rate > 0 and gen_tps > 0:
+        osl = gen_tps / rate
+    isl = prompt_tps / rate if rate > 0 else 0.0
+    peak = max(rate, state.peak_rps * PEAK_DECAY)
+    state.peak_rps = peak
+    return LoadInput(
+        rate_rps=rate, peak_rps=peak, isl_mean=isl, isl_p95=None, osl_mean=osl,
+        prefix_hit=sum(hits) / len(hits) if hits else 0.0,
+        inflight=running, inflight_peak=running,
+    )
