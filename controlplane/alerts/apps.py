@@ -1,7 +1,21 @@
 from django.apps import AppConfig
 
+# Rewritten on every evaluation or delivery attempt: state and logs of their own, not
+# configuration changes worth a change record.
+NOT_AUDITED = ("Alert", "AlertGroup", "EvaluatorMemory", "Delivery", "DeliveryAttempt")
+
 
 class AlertsConfig(AppConfig):
     name = "controlplane.alerts"
     label = "alerts"
     verbose_name = "Alerts"
+
+    def ready(self):
+        try:
+            from controlplane.audit import registry
+        except ImportError:
+            return
+        for name in NOT_AUDITED:
+            registry.register(f"alerts.{name}", exclude=True)
+        # The rotation overlap keeps the old signing secret; never log it either.
+        registry.SECRET_FIELDS.add("previous_secret")
