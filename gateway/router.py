@@ -156,7 +156,7 @@ def plan_request(
     if model.mode == "aggregated" or not decoders:
         pool = decoders or active
         reason = "kv_aware" if decoders else "fallback_prefill_only"
-        if len(pool) == 1:
+        if len(pool) == 1 and decoders:
             reason = "only_candidate"
         scores = score(pool)
         chosen = pick(scores, model.temperature, rng, loads)

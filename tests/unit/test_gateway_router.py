@@ -1,0 +1,182 @@
+"""Routing decisions: Dynamo-style KV-aware cost, temperature, draining, P/D threshold."""
+
+import random
+from collections import Counter
+
+import pytest
+
+from gateway.router import (
+    NoWorkerError,
+    Scored,
+    WorkerLoad,
+    blocks_for,
+    cost_of,
+    pick,
+    plan_request,
+    transfer_penalty,
+)
+from gateway.statictable import static_table
+from gateway.table import parse
+
+BS = 16
+
+
+def model_of(workers, mode=None, threshold=512, temperature=0.0, paths=None):
+    table = static_table("m", workers, mode=mode, block_size=BS,
+                         local_prefill_max_tokens=threshold,
+                         routing={"temperature": temperature})
+    for w in table["models"][0]["workers"]:
+        w["kv_paths"] = (paths or {}).get(w["id"], [])
+    return parse(table).models["m"]
+
+
+def w(wid, role="both", state="active"):
+    return {"id": wid, "url": f"http://{wid}:8000", "role": role, "state": state}
+
+
+def test_dynamo_worked_example_picks_w2():
+    # Request of 4 blocks. W1: nothing cached, busy prefilling; W2: 2 cached, light load;
+    # W3: 2 cached, idle prefill but heavy decode. Costs 8+10=18, 5+5=10, 2+9=11.
+    loads = {"W1": WorkerLoad(4, 6), "W2": WorkerLoad(3, 1), "W3": WorkerLoad(0, 5)}
+    cached = {"W1": 0, "W2": 2, "W3": 2}
+    scores = {
+        wid: cost_of(wid, loads[wid], 4, cached[wid], overlap_weight=1.0, load_weight=1.0)
+        for wid in loads
+    }
+    assert (scores["W1"].prefill_term, scores["W1"].decode_term, scores["W1"].cost) == (8, 10, 18)
+    assert (scores["W2"].prefill_term, scores["W2"].decode_term, scores["W2"].cost) == (5, 5, 10)
+    assert (scores["W3"].prefill_term, scores["W3"].decode_term, scores["W3"].cost) == (2, 9, 11)
+    assert pick(list(scores.values()), 0.0, random.Random(0)).worker_id == "W2"
+    # Same through the whole planner.
+    model = model_of([w("W1"), w("W2"), w("W3")])
+    plan = plan_request(model, 4 * BS, {k: v * BS for k, v in cached.items()}, loads,
+                        random.Random(0))
+    assert plan.decode == "W2" and plan.prefill is None and plan.reason == "kv_aware"
+
+
+def test_cache_credit_never_goes_negative_and_weights_apply():
+    s = cost_of("x", WorkerLoad(0, 0), 4, 10, overlap_weight=1.0, load_weight=1.0)
+    assert s.prefill_term == 0 and s.cost == 4
+    heavy = cost_of("x", WorkerLoad(2, 0), 4, 2, overlap_weight=2.0, load_weight=3.0)
+    assert heavy.prefill_term == 3 * (6 - 4)
+
+
+def test_blocks_for_rounds_up():
+    assert blocks_for(0, 16) == 0 and blocks_for(1, 16) == 1 and blocks_for(33, 16) == 3
+
+
+def test_ties_prefer_fewer_in_flight_then_random():
+    scores = [Scored("a", 5, 0, 5, 0), Scored("b", 5, 0, 5, 0)]
+    loads = {"a": WorkerLoad(in_flight=3), "b": WorkerLoad(in_flight=1)}
+    assert pick(scores, 0.0, random.Random(1), loads).worker_id == "b"
+    seen = {pick(scores, 0.0, random.Random(seed)).worker_id for seed in range(20)}
+    assert seen == {"a", "b"}
+
+
+def test_temperature_zero_is_deterministic_and_positive_samples_by_cost():
+    scores = [Scored("cheap", 10, 0, 10, 0), Scored("mid", 15, 0, 15, 0),
+              Scored("dear", 20, 0, 20, 0)]
+    assert {pick(scores, 0.0, random.Random(s)).worker_id for s in range(50)} == {"cheap"}
+    rng = random.Random(42)
+    counts = Counter(pick(scores, 0.5, rng).worker_id for _ in range(4000))
+    assert counts["cheap"] > counts["mid"] > counts["dear"] > 0
+    # softmax(−normalised cost / T): weights 1, e^-1, e^-2 at T = 0.5.
+    total = 1 + 2.718281828 ** -1 + 2.718281828 ** -2
+    assert counts["cheap"] / 4000 == pytest.approx(1 / total, abs=0.03)
+    hot = Counter(pick(scores, 100.0, random.Random(3)).worker_id for _ in range(3000))
+    assert min(hot.values()) > 800  # very hot: nearly uniform
+
+
+def test_draining_workers_get_nothing():
+    model = model_of([w("a"), w("b", state="draining"), w("c")])
+    rng = random.Random(0)
+    chosen = {plan_request(model, 64, {"b": 64}, {}, rng).decode for _ in range(200)}
+    assert chosen == {"a", "c"}
+
+
+def test_draining_prefill_worker_gets_no_prefill_work():
+    model = model_of([w("p1", "prefill", "draining"), w("p2", "prefill"), w("d", "decode")],
+                     mode="disaggregated")
+    for _ in range(50):
+        plan = plan_request(model, 4096, {}, {}, random.Random(0))
+        assert plan.prefill == "p2" and plan.decode == "d"
+
+
+def test_no_active_worker_raises():
+    model = model_of([w("a", state="draining")])
+    with pytest.raises(NoWorkerError):
+        plan_request(model, 10, {}, {}, random.Random(0))
+    with pytest.raises(NoWorkerError):
+        plan_request(model_of([w("a")]), 10, {}, {}, random.Random(0), exclude={"a"})
+
+
+def test_excluded_worker_is_skipped_on_retry():
+    model = model_of([w("a"), w("b")])
+    plan = plan_request(model, 64, {"a": 64}, {}, random.Random(0), exclude={"a"})
+    assert plan.decode == "b"
+
+
+def test_conditional_mode_prefills_locally_when_uncached_part_is_small():
+    model = model_of([w("p", "prefill"), w("d", "decode")], mode="conditional", threshold=256)
+    rng = random.Random(0)
+    small = plan_request(model, 200, {}, {}, rng)
+    assert (small.decode, small.prefill, small.reason) == ("d", None, "pd_local_prefill")
+    large = plan_request(model, 2000, {}, {}, rng)
+    assert (large.decode, large.prefill, large.reason) == ("d", "p", "pd_remote_prefill")
+    # Long prompt, but most of it is already cached on the decode worker: local again.
+    cached = plan_request(model, 2000, {"d": 1800}, {}, rng)
+    assert cached.prefill is None and cached.reason == "pd_local_prefill"
+    # Exactly at the threshold is local; one more token is remote.
+    assert plan_request(model, 256, {}, {}, rng).prefill is None
+    assert plan_request(model, 257, {}, {}, rng).prefill == "p"
+
+
+def test_disaggregated_mode_always_prefills_remotely():
+    model = model_of([w("p", "prefill"), w("d", "decode")], mode="disaggregated", threshold=10**6)
+    plan = plan_request(model, 20, {}, {}, random.Random(0))
+    assert plan.prefill == "p" and plan.decode == "d"
+
+
+def test_pd_falls_back_to_local_prefill_without_prefill_worker():
+    model = model_of([w("p", "prefill"), w("d", "decode")], mode="disaggregated")
+    plan = plan_request(model, 4096, {}, {}, random.Random(0), exclude={"p"})
+    assert plan.prefill is None and plan.reason == "pd_no_prefill_worker"
+
+
+def test_pd_prefers_prefill_worker_with_fast_kv_path():
+    paths = {
+        "p_tcp": [{"to": "d", "link": "tcp", "bandwidth_gbps": 25.0, "rdma": False}],
+        "p_nvl": [{"to": "d", "link": "nvlink", "bandwidth_gbps": 7200.0, "rdma": False}],
+    }
+    model = model_of([w("p_tcp", "prefill"), w("p_nvl", "prefill"), w("d", "decode")],
+                     mode="disaggregated", paths=paths)
+    for seed in range(20):
+        assert plan_request(model, 4096, {}, {}, random.Random(seed)).prefill == "p_nvl"
+    p_tcp, p_nvl = model.worker("p_tcp"), model.worker("p_nvl")
+    assert transfer_penalty(256, p_nvl, "d") < transfer_penalty(256, p_tcp, "d")
+    # ... unless the fast one is much busier.
+    loads = {"p_nvl": WorkerLoad(prefill_blocks=2000)}
+    assert plan_request(model, 4096, {}, loads, random.Random(0)).prefill == "p_tcp"
+
+
+def test_pd_prefill_choice_uses_prefix_cache():
+    model = model_of([w("p1", "prefill"), w("p2", "prefill"), w("d", "decode")],
+                     mode="disaggregated")
+    plan = plan_request(model, 4096, {"p2": 4000}, {}, random.Random(0))
+    assert plan.prefill == "p2"
+
+
+def test_aggregated_mode_uses_prefill_workers_only_as_last_resort():
+    model = model_of([w("p", "prefill"), w("b", "both")], mode="aggregated")
+    assert plan_request(model, 64, {"p": 64}, {}, random.Random(0)).decode == "b"
+    fallback = plan_request(model, 64, {}, {}, random.Random(0), exclude={"b"})
+    assert fallback.decode == "p" and fallback.reason == "fallback_prefill_only"
+
+
+def test_load_spreads_requests_without_cache():
+    model = model_of([w("a"), w("b"), w("c")])
+    loads = {}
+    for _ in range(30):
+        plan = plan_request(model, 160, {}, loads, random.Random(0))
+        loads.setdefault(plan.decode, WorkerLoad()).decode_blocks += 10
+    assert sorted(v.decode_blocks for v in loads.values()) == [100, 100, 100]
