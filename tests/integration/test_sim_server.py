@@ -26,7 +26,7 @@ from tests.integration.sim.client import (
     value,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 MODEL = "llama-3.3-70b-fp8"
 SMALL = "llama-3.1-8b"
@@ -53,6 +53,7 @@ FLEET = {
         {"id": "d-25", "node": "n3", "model": MODEL, "gpus": [0], "role": "decode"},
         {"id": "lossy", "node": "n2", "model": SMALL, "gpus": [1], "drop_kv_batch_every": 2},
         {"id": "small", "node": "n3", "model": SMALL, "gpus": [1], "num_gpu_blocks": 48},
+        {"id": "timing", "node": "n2", "model": SMALL, "gpus": [3]},
     ],
 }
 
@@ -72,7 +73,7 @@ def words(n: int, prefix: str = "w") -> str:
 
 def completion(fleet, engine: str, prompt: str, max_tokens: int = 4, **extra):
     return post(fleet.engine(engine)["api_url"] + "/v1/completions",
-                {"model": MODEL if engine != "small" and engine != "lossy" else SMALL,
+                {"model": SMALL if engine in ("small", "lossy", "timing") else MODEL,
                  "prompt": prompt, "max_tokens": max_tokens, **extra})
 
 
@@ -413,7 +414,7 @@ def test_node_telemetry_format_role_and_faults(fleet):
     assert (nic["name"], nic["line_rate_gbps"], nic["transport"], nic["rdma"]) == (
         "mlx5_0", 400, "infiniband", True)
     engines = {e["id"]: e for e in snap["engines"]}
-    assert set(engines) == {"d-400", "lossy"}
+    assert set(engines) == {"d-400", "lossy", "timing"}
     e = engines["d-400"]
     assert e["kind"] == "sim" and e["gpus"] == [0] and e["tp"] == 1 and e["role"] == "decode"
     assert e["api_url"] == fleet.engine("d-400")["api_url"]
@@ -429,3 +430,46 @@ def test_node_telemetry_format_role_and_faults(fleet):
     status, body = post(base + "/sim/v1/nics/mlx5_0/faults", {"rx_errors": 3, "tx_drops": 1})
     assert status == 200 and body["rx_errors"] == 3
     assert get(node["telemetry_url"])[1]["nics"][0]["tx_drops"] == 1
+
+
+def _mean(families_before, families_after, name):
+    total = (value(families_after, name, name + "_sum")
+             - value(families_before, name, name + "_sum"))
+    count = (value(families_after, name, name + "_count")
+             - value(families_before, name, name + "_count"))
+    assert count > 0
+    return total / count
+
+
+def test_ttft_rises_with_uncached_prompt_tokens(fleet):
+    metrics = fleet.engine("timing")["metrics_url"]
+    ttft = {}
+    for n in (100, 6000):
+        before = scrape(metrics)
+        status, _ = completion(fleet, "timing", words(n, f"ttft{n}x"), max_tokens=1)
+        assert status == 200
+        ttft[n] = _mean(before, scrape(metrics), "vllm:time_to_first_token_seconds")
+    assert ttft[6000] > 5 * ttft[100]
+
+
+def test_itl_rises_with_batch_size(fleet):
+    metrics = fleet.engine("timing")["metrics_url"]
+    name = "vllm:inter_token_latency_seconds"
+    before = scrape(metrics)
+    assert completion(fleet, "timing", words(500, "solo"), max_tokens=60)[0] == 200
+    alone = _mean(before, scrape(metrics), name)
+
+    before = scrape(metrics)
+    statuses = []
+    threads = [
+        threading.Thread(target=lambda i=i: statuses.append(
+            completion(fleet, "timing", words(500, f"batch{i}x"), max_tokens=60)[0]))
+        for i in range(64)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert statuses == [200] * 64
+    batched = _mean(before, scrape(metrics), name)
+    assert batched > 1.3 * alone

@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.integration.sim.client import get, pid_alive, post, start_fleet
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 TWO_NODES = {
     "time_scale": 0.05,

@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 VLLM_VERSION = "0.32.0"
 MAX_BODY_BYTES = 32 * 1024 * 1024
 PULL_TIMEOUT_S = 5.0
+CATCH_UP_WALL_S = 0.05
 
 
 class SimClock:
@@ -55,7 +56,11 @@ class SimClock:
         self._t0 = time.monotonic()
 
     def now(self) -> float:
-        return (time.monotonic() - self._t0) / self.time_scale
+        return self.at(time.monotonic())
+
+    def at(self, wall_monotonic: float) -> float:
+        """Simulated time at a time.monotonic() instant."""
+        return (wall_monotonic - self._t0) / self.time_scale
 
     def wall(self, sim_seconds: float) -> float:
         return max(sim_seconds, 0.0) * self.time_scale
@@ -140,6 +145,7 @@ class EngineServer:
         self._held: dict[str, _Held] = {}
         self._held_by_header: dict[str, str] = {}
         self._wake = asyncio.Event()
+        self._last_submit_wall = 0.0
         self._driver: asyncio.Task | None = None
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -216,35 +222,50 @@ class EngineServer:
     # ------------------------------------------------------------------ the driver
 
     async def _drive(self) -> None:
+        # Steps run back to back on a wall-clock schedule: each starts at the previous one's
+        # deadline, so the driver's own overhead (HTTP, JSON, Python, a busy host) is absorbed
+        # instead of stretching the simulated GPU time, which matters most when time_scale is
+        # small. If the driver falls further behind than CATCH_UP_WALL_S it restarts the
+        # schedule from now (the host is overloaded; simulated time slips).
+        prev_deadline: float | None = None
         while True:
+            wall_now = time.monotonic()
+            if prev_deadline is not None and 0.0 <= wall_now - prev_deadline < CATCH_UP_WALL_S:
+                # Catching up; but a step never starts before the latest arrival, so no
+                # request is served before it came.
+                start_wall = max(prev_deadline, self._last_submit_wall)
+            else:
+                start_wall = wall_now
+            sim_start = self.clock.at(start_wall)
             try:
-                step = self.engine.next_step(self.clock.now())
+                step = self.engine.next_step(sim_start)
             except Exception:
                 log.exception("engine %s: next_step failed", self.cfg.id)
                 step = None
             if step is None:
+                prev_deadline = None
                 await self._publish_kv_events()
                 self._wake.clear()
-                busy = self._has_pending()
-                # With requests pending but no step (e.g. waiting for a KV transfer to
-                # land), poll; otherwise sleep until a request arrives.
-                timeout = self.clock.wall(0.002) if busy else None
+                # With requests pending but no step, poll; else sleep until one arrives.
+                timeout = self.clock.wall(0.002) if self._has_pending() else None
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
                 continue
-            started = self.clock.now()
-            self._mark_scheduled(step, started)
-            await asyncio.sleep(self.clock.wall(step.duration))
+            self._mark_scheduled(step, sim_start)
+            deadline = start_wall + self.clock.wall(step.duration)
+            await asyncio.sleep(max(deadline - time.monotonic(), 0.0))
+            sim_end = self.clock.at(deadline)
             try:
-                outputs = self.engine.finish_step(step, self.clock.now())
+                outputs = self.engine.finish_step(step, sim_end)
             except Exception:
                 log.exception("engine %s: finish_step failed", self.cfg.id)
                 outputs = []
+            prev_deadline = deadline
             tokens = adapters.step_tokens(step)
             if tokens:
                 self.metrics.iteration_tokens.observe(tokens)
             for out in outputs:
-                self._dispatch(out)
+                self._dispatch(out, sim_end)
             await self._publish_kv_events()
 
     def _has_pending(self) -> bool:
@@ -258,11 +279,10 @@ class EngineServer:
             if tracked is not None and tracked.scheduled_at is None:
                 tracked.scheduled_at = now
 
-    def _dispatch(self, out: Any) -> None:
+    def _dispatch(self, out: Any, now: float) -> None:
         tracked = self._requests.get(out.request_id)
         if tracked is None:
             return
-        now = self.clock.now()
         new_ids = list(out.new_token_ids or [])
         if out.first_token or (tracked.first_token_at is None and new_ids):
             if tracked.first_token_at is None:
@@ -271,7 +291,7 @@ class EngineServer:
                 # engine together as cached tokens.
                 external = int(getattr(out, "num_external_tokens", tracked.external_tokens))
                 tracked.cached_tokens = int(out.num_cached_tokens or 0) + external
-                self.metrics.ttft.observe(now - tracked.arrival)
+                self.metrics.ttft.observe(max(now - tracked.arrival, 0.0))
         elif new_ids and tracked.last_token_at is not None:
             gap = (now - tracked.last_token_at) / len(new_ids)
             for _ in new_ids:
@@ -360,6 +380,7 @@ class EngineServer:
             self._requests.pop(rid, None)
             log.warning("engine %s refused %s: %s", self.cfg.id, rid, exc)
             raise ApiError(400, f"The engine refused the request: {exc}") from exc
+        self._last_submit_wall = time.monotonic()
         self._wake.set()
         try:
             if req.stream:
