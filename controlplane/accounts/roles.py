@@ -77,6 +77,14 @@ def allowed_actions(user, token=None) -> frozenset[str]:
     return allowed
 
 
+def may_issue_scope(user, scope: str, current_token=None) -> bool:
+    """Whether ``user`` (authenticated through ``current_token``, if any) may create a token
+    of ``scope``: what the new token would allow must not exceed what is allowed now, so a
+    read token cannot mint a write token. A scope above the role is fine — it is clipped."""
+    would_allow = ROLE_ALLOWS[role_of(user)] & SCOPE_ALLOWS.get(scope, frozenset())
+    return bool(would_allow) and would_allow <= allowed_actions(user, current_token)
+
+
 def can(user, action: str, token=None) -> bool:
     """May ``user`` (through ``token``, if given) perform ``action``?
 

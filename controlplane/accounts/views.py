@@ -10,7 +10,7 @@ from django.views.decorators.http import require_POST
 from .decorators import role_required
 from .forms import TokenCreateForm
 from .models import APIToken
-from .roles import READ, SCOPE_ALLOWS, allowed_actions, role_of
+from .roles import READ, may_issue_scope, role_of
 
 
 class LoginView(auth_views.LoginView):
@@ -34,8 +34,8 @@ def token_list(request):
         form = TokenCreateForm(request.POST)
         if form.is_valid():
             scope = form.cleaned_data["scope"]
-            if not SCOPE_ALLOWS[scope] <= allowed_actions(request.user):
-                form.add_error("scope", f"Your role ({role_of(request.user)}) is below this scope.")
+            if not may_issue_scope(request.user, scope):
+                form.add_error("scope", f"Role {role_of(request.user)} allows no such token.")
             else:
                 days = form.cleaned_data["expires_in_days"]
                 _, new_token = APIToken.issue(

@@ -12,7 +12,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from controlplane.accounts.models import APIToken
-from controlplane.accounts.roles import ACTION, READ, SCOPE_ALLOWS, allowed_actions, restrict
+from controlplane.accounts.roles import ACTION, READ, may_issue_scope, restrict
 from controlplane.audit.models import ChangeRecord
 from controlplane.policies.effective import PolicyError
 from controlplane.policies.models import Policy, effective_policy_for
@@ -290,7 +290,7 @@ class APITokenViewSet(
         serializer = self.get_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         scope = serializer.validated_data.get("scope", "read")
-        if not SCOPE_ALLOWS[scope] <= allowed_actions(request.user, request_token(request)):
+        if not may_issue_scope(request.user, scope, request_token(request)):
             raise serializers.ValidationError(
                 {"scope": ["Above what your role (and the token you are using) allows."]}
             )
