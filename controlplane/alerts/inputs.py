@@ -133,29 +133,38 @@ def _latest_routing_versions() -> dict[int, int]:
 
 
 def _plans() -> list[PlanFacts]:
-    """The latest plan per served model, if the planner stores plans with a status."""
+    """Per served model: its latest plan failed, or the planner found no feasible layout
+    (e.g. not enough decode KV capacity for the load). Read only if the planner is there."""
+    out: list[PlanFacts] = []
     try:
-        model = apps.get_model("planner", "Plan")
-        field_names = {f.name for f in model._meta.get_fields()}
-        if "status" not in field_names or "served_model" not in field_names:
-            return []
-        seen, out = set(), []
-        qs = model.objects.select_related("served_model__cluster").order_by("-pk")[:500]
-        for plan in qs:
-            sm = plan.served_model
-            if sm is None or sm.pk in seen:
-                continue
-            seen.add(sm.pk)
-            reason = str(getattr(plan, "reason", "") or getattr(plan, "error", "") or "")
-            out.append(
-                PlanFacts(
-                    sm.cluster.name, sm.name, str(plan.status).lower(), reason[:300], str(plan.pk)
-                )
-            )
+        plan_model = apps.get_model("planner", "Plan")
+        state_model = apps.get_model("planner", "ModelPlannerState")
+    except LookupError:
         return out
-    except Exception:
-        log.debug("alerts: plans unavailable", exc_info=True)
-        return []
+    try:
+        seen: set[int] = set()
+        latest = plan_model.objects.select_related("served_model__cluster").order_by(
+            "served_model_id", "-created", "-pk"
+        )
+        for plan in latest:
+            if plan.served_model_id in seen:
+                continue
+            seen.add(plan.served_model_id)
+            if plan.status == "failed":
+                sm = plan.served_model
+                reason = getattr(plan, "failure_reason", "") or ""
+                out.append(
+                    PlanFacts(sm.cluster.name, sm.name, "failed", reason[:300], str(plan.pk))
+                )
+        for state in state_model.objects.select_related("served_model__cluster").filter(
+            last_reason="no-feasible-layout"
+        ):
+            sm = state.served_model
+            explanation = (getattr(state, "last_explanation", "") or "")[:300]
+            out.append(PlanFacts(sm.cluster.name, sm.name, "infeasible", explanation))
+    except Exception:  # planner tables not migrated yet, or changed shape
+        log.warning("alerts: planner state unreadable", exc_info=True)
+    return out
 
 
 def _expected_agent() -> tuple[int | None, str]:

@@ -125,6 +125,35 @@ def test_snapshot_from_topology_hot_state_and_policy(hot_prefix):
     assert snap.expected_agent_protocol == 1
 
 
+def test_failed_and_infeasible_plans():
+    from django.apps import apps
+
+    cluster, _, _, w = fleet()
+    model = w.served_model
+    other = ServedModel.objects.create(
+        cluster=cluster,
+        name="qwen",
+        layers=28,
+        kv_heads=4,
+        head_dim=128,
+        kv_dtype_bytes=2,
+        weight_bytes=15 * GB,
+    )
+    plan = apps.get_model("planner", "Plan")
+    state = apps.get_model("planner", "ModelPlannerState")
+    plan.objects.create(
+        cluster=cluster, served_model=model, status="failed", failure_reason="drain timed out"
+    )
+    state.objects.create(
+        served_model=other,
+        last_reason="no-feasible-layout",
+        last_explanation="not enough decode KV capacity for the load",
+    )
+    plans = sorted(build_snapshot(timezone.now()).plans, key=lambda p: p.model)
+    assert [(p.model, p.status) for p in plans] == [("llama", "failed"), ("qwen", "infeasible")]
+    assert "decode KV capacity" in plans[1].reason
+
+
 def test_evaluate_task_raises_alerts_with_labels(hot_prefix):
     cluster, n1, _, w = fleet()
     write_hot(hot_prefix, cluster, n1, w)
