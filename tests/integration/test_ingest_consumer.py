@@ -163,7 +163,7 @@ def test_bad_token_and_speaking_for_another_node(fleet):
 
 
 def test_malformed_and_flood_get_typed_errors_and_other_node_unaffected(fleet, settings):
-    _c, a, token_a, b, token_b = fleet
+    _c, _a, token_a, b, token_b = fleet
     settings.TELEMETRY_MAX_REPORTS_PER_S = 5
     settings.TELEMETRY_REPORT_BURST = 5
 

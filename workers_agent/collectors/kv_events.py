@@ -143,12 +143,17 @@ class KVBlockState:
 class KVEventSubscriber:
     def __init__(self, endpoint: str, replay_endpoint: str | None = None, *, topic: str = "",
                  replay_timeout_s: float = 1.0, replay_on_start: bool = True,
-                 context: zmq.Context | None = None):
+                 tail_check_s: float = 2.0, context: zmq.Context | None = None):
         self.endpoint = endpoint
         self.replay_endpoint = replay_endpoint or None
         self.topic = topic
         self.replay_timeout_s = replay_timeout_s
         self.replay_on_start = replay_on_start
+        # A dropped *last* batch shows no gap until the next one arrives; when the stream
+        # has been quiet this long, ask the replay socket whether anything was missed.
+        self.tail_check_s = tail_check_s
+        self._last_activity = time.monotonic()
+        self._tail_checked = True
         self.ctx = context or zmq.Context.instance()
         self.state = KVBlockState()
         self.last_seq: int | None = None
@@ -196,7 +201,8 @@ class KVEventSubscriber:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self.poll(100)
+                if not self.poll(100):
+                    self.check_tail()
             except Exception:  # never let the thread die: log, back off, go on
                 log.exception("KV event subscriber %s failed; continuing", self.endpoint)
                 time.sleep(0.5)
@@ -215,6 +221,20 @@ class KVEventSubscriber:
             self.handle_frames(frames)
             handled += 1
 
+    def check_tail(self, force: bool = False) -> int:
+        """After a quiet spell, fetch batches published after the last one seen (lost
+        tail). Returns how many were recovered."""
+        if self.replay_endpoint is None or self.last_seq is None or self._tail_checked:
+            return 0
+        if not force and time.monotonic() - self._last_activity < self.tail_check_s:
+            return 0
+        self._tail_checked = True
+        got = self._replay(self.last_seq + 1, None)
+        if got:
+            with self._lock:
+                self.gaps += 1
+        return got
+
     # ------------------------------------------------------------------ messages
 
     def handle_frames(self, frames: list[bytes]) -> None:
@@ -226,6 +246,8 @@ class KVEventSubscriber:
         self.handle_batch(seq, frames[-1])
 
     def handle_batch(self, seq: int, payload: bytes) -> None:
+        self._last_activity = time.monotonic()
+        self._tail_checked = False
         last = self.last_seq
         if last is None:
             if seq > 0 and self.replay_on_start and self.replay_endpoint:
@@ -263,8 +285,9 @@ class KVEventSubscriber:
             self.last_event_at = time.time()
         return True
 
-    def _replay(self, start: int, stop: int) -> int:
-        """Fetch and apply batches ``start <= seq < stop``; returns how many were applied."""
+    def _replay(self, start: int, stop: int | None) -> int:
+        """Fetch and apply batches ``start <= seq < stop`` (no upper bound when ``stop`` is
+        None); returns how many were applied."""
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         applied = 0
@@ -286,7 +309,7 @@ class KVEventSubscriber:
                 if seq == END_SEQ or not frames[-1]:
                     break
                 last = self.last_seq if self.last_seq is not None else -1
-                if seq > last and seq < stop and self._apply(seq, frames[-1]):
+                if seq > last and (stop is None or seq < stop) and self._apply(seq, frames[-1]):
                     applied += 1
         except zmq.ZMQError as exc:
             log.warning("KV replay from %s failed: %s", self.replay_endpoint, exc)

@@ -13,7 +13,9 @@ import urllib.request
 
 class SimNodeSource:
     def __init__(self, base_url: str, timeout_s: float = 2.0):
-        self.base_url = base_url.rstrip("/")
+        # Accept the node's base URL or the full telemetry URL the launcher prints.
+        base = base_url.rstrip("/")
+        self.base_url = base.removesuffix("/sim/v1/node")
         self.timeout_s = timeout_s
         self._cached: dict | None = None
         self._cached_at = 0.0
