@@ -46,7 +46,8 @@ FLEET = {
     ],
     "engines": [
         {"id": "agg", "node": "n1", "model": MODEL, "gpus": [2]},
-        {"id": "p", "node": "n1", "model": MODEL, "gpus": [0], "role": "prefill"},
+        {"id": "p", "node": "n1", "model": MODEL, "gpus": [0], "role": "prefill",
+         "kv_hold_timeout_s": 20},
         {"id": "d-nvl", "node": "n1", "model": MODEL, "gpus": [1], "role": "decode"},
         {"id": "d-pcie", "node": "n1", "model": MODEL, "gpus": [4], "role": "decode"},
         {"id": "d-400", "node": "n2", "model": MODEL, "gpus": [0], "role": "decode"},
@@ -337,6 +338,24 @@ def test_unknown_or_malformed_transfer_params_fail_fast(fleet):
         assert status == expected, body
         assert body["error"]["message"]
         assert time.monotonic() - started < 6
+
+
+def test_held_kv_expires_when_nobody_pulls_it(fleet):
+    prefill = fleet.engine("p")
+    before = scrape(prefill["metrics_url"])
+    status, first = post(prefill["api_url"] + "/v1/completions", {
+        "model": MODEL, "prompt": words(800, "unpulled"), "max_tokens": 1,
+        "kv_transfer_params": {"do_remote_decode": True}})
+    assert status == 200
+    assert value(scrape(prefill["metrics_url"]), "vllm:kv_cache_usage_perc") > 0  # held
+    time.sleep(1.3)  # the hold is 20 simulated seconds = 1 s at time_scale 0.05
+    after = scrape(prefill["metrics_url"])
+    assert (value(after, "vllm:nixl_num_kv_expired_reqs")
+            - value(before, "vllm:nixl_num_kv_expired_reqs")) == 1
+    assert value(after, "vllm:kv_cache_usage_perc") == 0
+    status, body = completion(fleet, "d-400", words(800, "unpulled"),
+                              kv_transfer_params=first["kv_transfer_params"])
+    assert status == 404 and body["error"]["code"] == "kv_transfer_params_unknown"
 
 
 def test_client_disconnect_aborts_the_request(fleet):

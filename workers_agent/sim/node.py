@@ -133,7 +133,7 @@ class SimNode:
             app.router.add_get("/health", self.health)
             app.router.add_post("/sim/v1/engines/{engine_id}/role", self.set_role)
             app.router.add_post("/sim/v1/nics/{nic}/faults", self.nic_faults)
-            self._runner = web.AppRunner(app, access_log=None)
+            self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
             await self._runner.setup()
             site = web.TCPSite(self._runner, self.host, self.cfg.telemetry_port,
                                reuse_address=True)

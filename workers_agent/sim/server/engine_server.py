@@ -46,6 +46,7 @@ VLLM_VERSION = "0.32.0"
 MAX_BODY_BYTES = 32 * 1024 * 1024
 PULL_TIMEOUT_S = 5.0
 CATCH_UP_WALL_S = 0.05
+SHUTDOWN_TIMEOUT_S = 2.0
 
 
 class SimClock:
@@ -198,7 +199,7 @@ class EngineServer:
         # handler_cancellation: a client that disconnects cancels its handler, which aborts
         # the request in the engine (see _generate's finally).
         self._runner = web.AppRunner(self.build_app(), handler_cancellation=True,
-                                     access_log=None)
+                                     access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.cfg.http_port, reuse_address=True)
         await site.start()
@@ -212,6 +213,13 @@ class EngineServer:
         for held in self._held.values():
             if held.expires:
                 held.expires.cancel()
+        # End every open response (streams get a final chunk with finish_reason "abort")
+        # so the HTTP server can close without waiting for them.
+        for tracked in list(self._requests.values()):
+            if not tracked.finished:
+                tracked.finished = True
+                tracked.finish_reason = "abort"
+                tracked.queue.put_nowait(([], True))
         if self._runner is not None:
             await self._runner.cleanup()
         if self._session is not None:
