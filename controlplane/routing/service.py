@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -64,7 +65,10 @@ def publish(cluster_id: int, cause: str, actor: str = "system") -> RoutingTableV
 def _kick_push(cluster_id: int) -> None:
     from .tasks import push_routing_tables
 
-    push_routing_tables.delay(cluster_id)
+    # ROUTING_PUSH_QUEUE (optional setting) lets tests give their worker a private queue.
+    push_routing_tables.apply_async(
+        (cluster_id,), queue=getattr(settings, "ROUTING_PUSH_QUEUE", None)
+    )
 
 
 def latest_table(cluster_id: int) -> RoutingTableVersion | None:

@@ -19,8 +19,8 @@ log = logging.getLogger(__name__)
 MAX_COUNTDOWN_S = 30
 
 
-@shared_task(name="routing.push_routing_tables", ignore_result=True)
-def push_routing_tables(cluster_id: int | None = None) -> dict:
+@shared_task(name="routing.push_routing_tables", ignore_result=True, bind=True)
+def push_routing_tables(self, cluster_id: int | None = None) -> dict:
     """Send every due delivery (of one cluster, or all), then schedule a near retry."""
     outcomes: dict[str, int] = {}
     for pk in delivery.claim_due(cluster_id):
@@ -35,7 +35,8 @@ def push_routing_tables(cluster_id: int | None = None) -> dict:
         outcomes[status] = outcomes.get(status, 0) + 1
     wait = delivery.next_due_in(cluster_id)
     if outcomes and wait is not None and wait <= MAX_COUNTDOWN_S:
-        push_routing_tables.apply_async((cluster_id,), countdown=max(wait, 0.5))
+        queue = (getattr(self.request, "delivery_info", None) or {}).get("routing_key")
+        push_routing_tables.apply_async((cluster_id,), countdown=max(wait, 0.5), queue=queue)
     return outcomes
 
 
