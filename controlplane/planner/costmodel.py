@@ -316,6 +316,9 @@ def best_link(candidates: list[Link], params: CostParams = DEFAULT_PARAMS) -> Li
 # --- Compute ------------------------------------------------------------------------------
 
 
+_TIMING_CACHE: dict = {}
+
+
 @dataclass(frozen=True)
 class Timing:
     """Per-iteration costs of one worker (model × GPU × TP), the simulator's step model:
@@ -332,6 +335,16 @@ class Timing:
 
     @classmethod
     def of(cls, model: ModelSpec, gpu: GpuProfile, tp: int = 1) -> Timing:
+        key = (model, gpu, tp)
+        hit = _TIMING_CACHE.get(key)
+        if hit is None:
+            if len(_TIMING_CACHE) > 256:
+                _TIMING_CACHE.clear()
+            hit = _TIMING_CACHE[key] = cls._build(model, gpu, tp)
+        return hit
+
+    @classmethod
+    def _build(cls, model: ModelSpec, gpu: GpuProfile, tp: int) -> Timing:
         tp = max(int(tp), 1)
         scale = tp / (1.0 + gpu.tp_alpha * (tp - 1))
         fp8 = model.weight_dtype_bytes <= 1
@@ -790,7 +803,8 @@ def predict_split(
         return _overloaded(name, n_prefill, n_decode, w, math.inf, "weights do not fit", gpus,
                            fits=False)
     if n_prefill <= 0 or n_decode <= 0:
-        return _overloaded(name, n_prefill, n_decode, w, math.inf, "empty pool", gpus)
+        return _overloaded(name, n_prefill, n_decode, w, math.inf, "empty pool", gpus,
+                           kv_capacity_seqs=cap_seqs)
     u = w.uncached_mean
     cached = max(w.isl_mean - u, 0.0)
     hit = _clamp(w.prefix_hit, 0.0, 1.0)
@@ -812,18 +826,20 @@ def predict_split(
         if share <= 0:
             continue
         if link is None or link.gbs <= 0:
-            return _overloaded(name, n_prefill, n_decode, w, math.inf, "no KV path", gpus)
+            return _overloaded(name, n_prefill, n_decode, w, math.inf, "no KV path", gpus,
+                               kv_capacity_seqs=cap_seqs)
         inflate = 1.0
         if link.kind in ("rdma", "tcp"):
             per_nic = w.rate_rps * share * nbytes_mean / max(paths.network_nodes, 1)
             link_util = per_nic / (effective_gbs(link, params) * GB)
             if link_util >= 1:
                 t_one = transfer_time_s(nbytes_tail, link, params)
-                return _overloaded(name, n_prefill, n_decode, w, link_util,
+                return _overloaded(name, n_prefill, n_decode, w,
+                                   max(link_util, wait.utilisation),
                                    f"KV transfer over {link.describe()}", gpus,
                                    network_share=paths.network, network_link=link.describe(),
                                    transfer_s=t_one, transfer_mean_s=t_one,
-                                   transfer_bytes=nbytes_mean)
+                                   transfer_bytes=nbytes_mean, kv_capacity_seqs=cap_seqs)
             inflate = 1.0 / (1.0 - link_util)
         t_mean += share * transfer_time_s(nbytes_mean, link, params) * inflate
         if tail_share < 0.05:

@@ -128,17 +128,41 @@ class Topology:
             keys = sorted(groups, key=lambda x: (x is None, x if x is not None else 0))
             self.groups[n] = [(g, sorted(groups[g], key=_pick_order)) for g in keys]
         self._paths: dict[int, PathMix] = {}
+        # Per node, what the group split depends on; identical nodes share one cache entry.
+        self._group_sig = {
+            n: (
+                tuple((g, len(ws)) for g, ws in self.groups[n]),
+                tuple(sum(1 for w in ws if w.role == "prefill") for _g, ws in self.groups[n]),
+            )
+            for n in self.nodes
+        }
+        self._group_cache: dict[tuple, dict] = {}
+        # Small integer ids for signatures and link sets: hashing them per candidate is cheap.
+        sig_ids: dict[tuple, int] = {}
+        self._sig_id = {n: sig_ids.setdefault(self._group_sig[n], len(sig_ids)) for n in self.nodes}
+        self.links = {n: self.node_links.get(n, NodeLinks()) for n in self.nodes}
+        link_ids: dict[NodeLinks, int] = {}
+        self.link_id = {n: link_ids.setdefault(self.links[n], len(link_ids)) for n in self.nodes}
+        self.distinct_links = list(link_ids)
+        distinct = self.distinct_links
+        nvlinks = [lk.nvlink for lk in distinct if lk.nvlink is not None]
+        self.nvlink = min(nvlinks, key=lambda lk: lk.gbs) if nvlinks else None
+        self.pcie = min((lk.pcie for lk in distinct), key=lambda lk: lk.gbs) if distinct else None
+
+    def _group_quota(self, node: str, quota: int) -> dict:
+        sig, prefer = self._group_sig[node]
+        key = (self._sig_id[node], quota)
+        if key not in self._group_cache:
+            self._group_cache[key] = _largest_remainder(
+                quota, dict(sig), {g: p for (g, _), p in zip(sig, prefer, strict=True)}
+            )
+        return self._group_cache[key]
 
     def _quotas(self, n_prefill: int):
         node_quota = _largest_remainder(n_prefill, self.node_size, self.node_prefer)
         for n in self.nodes:
-            groups = self.groups[n]
-            g_quota = _largest_remainder(
-                node_quota[n],
-                {g: len(ws) for g, ws in groups},
-                {g: sum(1 for w in ws if w.role == "prefill") for g, ws in groups},
-            )
-            yield n, [(g, ws, g_quota[g]) for g, ws in groups]
+            g_quota = self._group_quota(n, node_quota[n])
+            yield n, [(g, ws, g_quota[g]) for g, ws in self.groups[n]]
 
     def paths(self, n_prefill: int) -> PathMix:
         if n_prefill <= 0:
@@ -153,12 +177,7 @@ class Topology:
                     p_node += q
                 node_counts[n] = (p_node, self.node_size[n] - p_node)
             self._paths[n_prefill] = _path_mix(
-                n_prefill,
-                len(self.workers) - n_prefill,
-                group_counts,
-                node_counts,
-                self.nodes,
-                self.node_links,
+                n_prefill, len(self.workers) - n_prefill, group_counts, node_counts, self
             )
         return self._paths[n_prefill]
 
@@ -182,7 +201,7 @@ def place(
     return Topology(workers, node_links).placement(n_prefill)
 
 
-def _path_mix(n_p, n_d, group_counts, node_counts, nodes, node_links) -> PathMix:
+def _path_mix(n_p, n_d, group_counts, node_counts, topo: Topology) -> PathMix:
     """Shares of transfers per link kind when each prefill worker's output is spread over
     decode workers in proportion to their count, nearest first."""
     if n_p <= 0 or n_d <= 0:
@@ -191,10 +210,7 @@ def _path_mix(n_p, n_d, group_counts, node_counts, nodes, node_links) -> PathMix
     local = sum(min(p / n_p, d / n_d) for p, d in node_counts.values())
     net = max(0.0, 1.0 - local)
     pcie = max(0.0, local - nv)
-    links = {node_links.get(n, NodeLinks()) for n in nodes}
-    nvlinks = [lk.nvlink for lk in links if lk.nvlink is not None]
-    nvlink = min(nvlinks, key=lambda lk: lk.gbs) if nvlinks else None
-    pcie_link = min((lk.pcie for lk in links), key=lambda lk: lk.gbs) if links else None
+    nvlink = topo.nvlink
     network = None
     senders = 1
     if net > 1e-9:
@@ -203,11 +219,11 @@ def _path_mix(n_p, n_d, group_counts, node_counts, nodes, node_links) -> PathMix
         senders = max(len(src), 1)
         worst = None
         # Distinct link sets only: a thousand identical nodes are one pair to check.
-        src_links = {node_links.get(n, NodeLinks()) for n in src}
-        dst_links = {node_links.get(n, NodeLinks()) for n in dst}
-        for a in sorted(src_links, key=repr):
-            for b in sorted(dst_links, key=repr):
-                lk = network_path(a, b)
+        src_links = sorted({topo.link_id[n] for n in src})
+        dst_links = sorted({topo.link_id[n] for n in dst})
+        for a in src_links:
+            for b in dst_links:
+                lk = network_path(topo.distinct_links[a], topo.distinct_links[b])
                 if lk is None:
                     lk = Link("tcp", 0.0, "no shared fabric")
                 if worst is None or lk.gbs < worst.gbs or (
@@ -220,7 +236,7 @@ def _path_mix(n_p, n_d, group_counts, node_counts, nodes, node_links) -> PathMix
         pcie=pcie + (0.0 if nvlink else nv),
         network=net,
         nvlink_link=nvlink,
-        pcie_link=pcie_link,
+        pcie_link=topo.pcie,
         network_link=network,
         network_nodes=senders,
     )

@@ -326,10 +326,14 @@ def plan_model(
     # Move toward the target: concrete roles, then the changes allowed this cycle.
     aggregated = best.n_prefill == 0
     placement = topo.placement(best.n_prefill) if not aggregated else None
+    n_workers = len(workers)
+
+    def placed_of(x: WorkerInput) -> str:
+        return placement.roles[x.id] if placement else "both"
+
     wanted = []
     for x in workers:
-        placed = placement.roles[x.id] if placement else "both"
-        role = _target_role(placed, aggregated)
+        role = _target_role(placed_of(x), aggregated)
         if role != x.role:
             wanted.append((x, role))
     blocked: dict[str, int] = {}
@@ -343,11 +347,30 @@ def plan_model(
     # Changes into or out of prefill move capacity between the pools and drain decodes:
     # they count against the per-cycle limit, idlest first. Relabels between both and
     # decode keep every sequence where it is (the worker only stops or starts prefilling
-    # locally) and ride along, or the new prefill workers would have no one to serve.
+    # locally); they ride along in proportion, so that after each step the pure decode
+    # workers (the only ones that send prompts to the prefill pool) match the prefill
+    # workers in the target ratio, and the rest keep serving whole requests in place.
     heavy = [(x, r) for x, r in movable if "prefill" in (x.role, r)]
     light = [(x, r) for x, r in movable if "prefill" not in (x.role, r)]
     heavy.sort(key=lambda t: (t[0].running + t[0].waiting, t[0].name, t[0].id))
-    take = heavy[: pol.max_changes_per_cycle] + light
+    take = heavy[: pol.max_changes_per_cycle]
+    p_after = cur_p + sum(1 for _x, r in take if r == "prefill") - sum(
+        1 for x, _r in take if x.role == "prefill"
+    )
+    d_now = sum(1 for x in workers if x.role == "decode")
+    d_after_heavy = d_now - sum(1 for x, _r in take if x.role == "decode")
+    if best.n_prefill > 0:
+        d_goal = min(math.ceil(p_after * best.n_decode / best.n_prefill), n_workers - p_after)
+    else:
+        d_goal = math.ceil(d_now * p_after / cur_p) if cur_p else 0
+    if len(heavy) <= len(take):  # last step: everything goes
+        d_goal = sum(1 for x in workers if _target_role(placed_of(x), aggregated) == "decode")
+    nodes_moving = {x.node for x, _r in take}
+    light.sort(key=lambda t: (t[0].node not in nodes_moving, t[0].running, t[0].name, t[0].id))
+    if best.n_prefill > 0:
+        take += light[: max(d_goal - d_after_heavy, 0)]
+    else:
+        take += light[: max(d_after_heavy - d_goal, 0)]
     notes = []
     if blocked:
         notes.append(
