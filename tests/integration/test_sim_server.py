@@ -492,3 +492,15 @@ def test_itl_rises_with_batch_size(fleet):
     assert statuses == [200] * 64
     batched = _mean(before, scrape(metrics), name)
     assert batched > 1.3 * alone
+
+
+def test_reset_prefix_cache_publishes_all_blocks_cleared(fleet):
+    engine = fleet.engine("agg")
+    sub = KvSubscriber(engine["kv_events_endpoint"])
+    try:
+        assert post(engine["api_url"] + "/reset_prefix_cache")[0] == 200
+        batches = sub.receive(timeout=3, until=lambda got: any(
+            ev.get("type") == "AllBlocksCleared" for _, _, b in got for ev in b[1]))
+    finally:
+        sub.close()
+    assert any(ev == {"type": "AllBlocksCleared"} for _, _, b in batches for ev in b[1])

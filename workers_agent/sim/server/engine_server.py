@@ -188,6 +188,7 @@ class EngineServer:
         app.router.add_post("/tokenize", self.tokenize)
         app.router.add_post("/detokenize", self.detokenize)
         app.router.add_get("/metrics", self.metrics_view)
+        app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
         app.router.add_post("/sim/v1/kv/pull", self.kv_pull)
         app.router.add_get("/sim/v1/engine", self.engine_view)
         return app
@@ -643,6 +644,14 @@ class EngineServer:
         ):
             raise ApiError(400, "tokens must be a list of token ids", param="tokens")
         return web.json_response({"prompt": adapters.decode(tokens)})
+
+    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        """vLLM's dev-mode endpoint: forget all cached blocks (publishes AllBlocksCleared)."""
+        if not self.engine.reset_prefix_cache():
+            raise ApiError(409, "blocks are in use; the prefix cache can be reset only when "
+                           "the engine is idle")
+        await self._publish_kv_events()
+        return web.Response(status=200)
 
     async def metrics_view(self, request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
