@@ -146,3 +146,22 @@ def test_summarize_percentiles_and_goodput():
     assert summary.prefix_hit_rate == pytest.approx(0.5)
     assert percentile([3, 1, 2], 50) == 2 and percentile([], 50) is None
     assert summary.lines()[0].startswith("requests 5")
+
+
+def test_decode_bursts_match_step_by_step():
+    workload = chat(num=60, rate=5.0, isl=1500, osl=60, prefixes=3)
+    runs = []
+    for bursts in (False, True):
+        fleet = VirtualFleet(
+            uniform_fleet(3, MODEL, "H200", roles=["prefill", "decode", "both"]),
+            decode_bursts=bursts, controller=lambda now, snap: [], control_interval_s=2.0,
+        )
+        runs.append(fleet.run(workload))
+    slow, fast = runs
+    assert fast.num_events < slow.num_events / 2
+    for a, b in zip(slow.results, fast.results, strict=True):
+        assert (a.request_id, a.decode_engine, a.prefill_engine, a.output_tokens) == (
+            b.request_id, b.decode_engine, b.prefill_engine, b.output_tokens)
+        assert a.ttft == pytest.approx(b.ttft, abs=1e-9)
+        assert a.itls == pytest.approx(b.itls, abs=1e-9)
+    assert slow.engine_stats["e2"].generation_tokens == fast.engine_stats["e2"].generation_tokens

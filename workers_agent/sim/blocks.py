@@ -13,7 +13,8 @@ takes it out of the queue.
 from __future__ import annotations
 
 import hashlib
-import struct
+import sys
+from array import array
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 
@@ -21,18 +22,23 @@ HASH_KEY = b"pdplane-sim-kv-v1"
 ROOT_PARENT_HASH = 0  # hashing seed for a prompt's first block (reported parent is None)
 MAX_BUFFERED_EVENTS = 100_000
 
-_packers: dict[int, struct.Struct] = {}
+_blake2b = hashlib.blake2b
+_BIG_ENDIAN = sys.byteorder == "big"
+
+
+def _token_bytes(token_ids: Sequence[int]) -> bytes:
+    packed = array("I", token_ids)
+    if _BIG_ENDIAN:  # hashes are defined over little-endian u32 tokens
+        packed.byteswap()
+    return packed.tobytes()
 
 
 def hash_block(parent_hash: int | None, token_ids: Sequence[int]) -> int:
-    """u64 hash of one block given its parent's hash (None for the first block)."""
-    packer = _packers.get(len(token_ids))
-    if packer is None:
-        packer = _packers[len(token_ids)] = struct.Struct(f"<Q{len(token_ids)}I")
-    digest = hashlib.blake2b(
-        packer.pack(ROOT_PARENT_HASH if parent_hash is None else parent_hash, *token_ids),
-        digest_size=8,
-        key=HASH_KEY,
+    """u64 hash of one block given its parent's hash (None for the first block):
+    blake2b-64, keyed, over the parent as little-endian u64 then the tokens as u32."""
+    parent = ROOT_PARENT_HASH if parent_hash is None else parent_hash
+    digest = _blake2b(
+        parent.to_bytes(8, "little") + _token_bytes(token_ids), digest_size=8, key=HASH_KEY
     ).digest()
     return int.from_bytes(digest, "little")
 
@@ -41,12 +47,19 @@ def chain_hashes(
     token_ids: Sequence[int], block_size: int, parent_hash: int | None = None
 ) -> list[int]:
     """Hashes of every *full* block of ``token_ids``, chained from ``parent_hash``."""
-    hashes = []
-    parent = parent_hash
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = hash_block(parent, token_ids[start : start + block_size])
-        hashes.append(parent)
-    return hashes
+    full = len(token_ids) // block_size
+    if full == 0:
+        return []
+    data = _token_bytes(token_ids[: full * block_size])
+    width = 4 * block_size
+    parent = (ROOT_PARENT_HASH if parent_hash is None else parent_hash).to_bytes(8, "little")
+    digests = []
+    key = HASH_KEY
+    for start in range(0, full * width, width):
+        parent = _blake2b(parent + data[start : start + width], digest_size=8, key=key).digest()
+        digests.append(parent)
+    from_bytes = int.from_bytes
+    return [from_bytes(d, "little") for d in digests]
 
 
 class KVBlockManager:

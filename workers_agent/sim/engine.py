@@ -105,6 +105,23 @@ class Step:
 
 
 @dataclass(slots=True)
+class DecodeBurst:
+    """Several pure-decode steps planned and applied at once (virtual time only).
+
+    ``times``: end time of each step; ``entries``: (request id, tokens generated so far,
+    finished) per sequence, each of which got one token per step."""
+
+    times: list[float]
+    entries: list[tuple[str, int, bool]]
+    started_at: float
+    idle: bool = False
+
+    @property
+    def duration(self) -> float:
+        return self.times[-1] - self.started_at
+
+
+@dataclass(slots=True)
 class Output:
     request_id: str
     new_token_ids: list[int]
@@ -318,6 +335,73 @@ class SimEngine:
         )
         self._pending = step
         return step
+
+    def decode_burst(
+        self, now: float, horizon: float, max_steps: int = 100_000
+    ) -> DecodeBurst | None:
+        """Run, in one call, the pure-decode steps that would end by ``horizon`` — only when
+        nothing can change the batch before then: no queue, every running sequence decoding,
+        blocks free for all the steps, and (the caller's promise) no new work arriving before
+        ``horizon``. The state is advanced at once; the step times say when each token came.
+        None (use :meth:`next_step`) when fewer than two such steps fit."""
+        sched = self.scheduler
+        running = sched.running
+        if self._pending is not None or sched.waiting or not running:
+            return None
+        batch = len(running)
+        if batch > self.spec.max_num_batched_tokens:
+            return None
+        context = 0
+        remaining = max_steps
+        for seq in running:
+            if (
+                seq.num_output == 0
+                or seq.ready_at > now
+                or seq.num_computed != seq.num_prompt + seq.num_output - 1
+            ):
+                return None
+            context += seq.num_computed
+            left = seq.max_tokens - seq.num_output
+            if left < remaining:
+                remaining = left
+        decode_seconds = self.timing.decode_seconds
+        times = []
+        t = now
+        for _ in range(remaining):
+            t += decode_seconds(batch, context)
+            if t > horizon:
+                break
+            times.append(t)
+            context += batch
+        steps = len(times)
+        if steps < 2:
+            return None
+        bs = self.block_size
+        need = 0
+        for seq in running:
+            need += (seq.num_computed + steps + bs - 1) // bs - len(seq.blocks)
+        if need > self.kv.num_free:
+            return None
+        allocate = self.kv.allocate
+        entries = []
+        finished = []
+        for seq in running:
+            more = (seq.num_computed + steps + bs - 1) // bs - len(seq.blocks)
+            if more > 0:
+                seq.blocks.extend(allocate(more))
+            seq.num_computed += steps
+            seq.num_output += steps
+            done = seq.num_output >= seq.max_tokens
+            entries.append((seq.request_id, seq.num_output, done))
+            if done:
+                finished.append(seq)
+        for seq in finished:
+            self._finish(seq)
+            self._by_reason["length"] = self._by_reason.get("length", 0) + 1
+        self._generation_tokens += batch * steps
+        self._steps += steps
+        self._busy += times[-1] - now
+        return DecodeBurst(times, entries, now)
 
     def finish_step(self, step: Step, now: float) -> list[Output]:
         if step.idle:

@@ -24,7 +24,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from . import links as linkmod
-from .engine import EngineSpec, EngineStats, Output, RequestRejectedError, SimEngine, SimRequest
+from .engine import (
+    DecodeBurst,
+    EngineSpec,
+    EngineStats,
+    Output,
+    RequestRejectedError,
+    SimEngine,
+    SimRequest,
+)
 from .links import LinkProfile
 from .report import Summary, summarize
 from .workload import PromptFactory, Workload, WorkloadRequest
@@ -189,6 +197,7 @@ class _Member:
         "engine",
         "engine_id",
         "fleet_engine",
+        "incoming_pd",
         "inflight_decode",
         "inflight_prefill",
         "pending_role",
@@ -209,6 +218,7 @@ class _Member:
         self.token = 0
         self.inflight_prefill = 0
         self.inflight_decode = 0
+        self.incoming_pd = 0  # requests in their prefill stage elsewhere, to decode here
 
     @property
     def role_for_new_work(self) -> str:
@@ -336,6 +346,7 @@ class VirtualFleet:
         controller: Callable[[float, FleetSnapshot], list[RoleChange]] | None = None,
         control_interval_s: float = 5.0,
         held_timeout_s: float = 480.0,
+        decode_bursts: bool = True,
     ) -> None:
         self.members: dict[str, _Member] = {}
         for fleet_engine in engines:
@@ -354,6 +365,12 @@ class VirtualFleet:
         self.controller = controller
         self.control_interval_s = control_interval_s
         self.held_timeout_s = held_timeout_s
+        # Pure-decode stretches that nothing can interrupt run as one event (exact same
+        # timings as step by step; see SimEngine.decode_burst). Off: one event per step.
+        self.decode_bursts = decode_bursts
+        self._next_arrival = float("inf")
+        self._next_control = float("inf")
+        self._last_activity = 0.0
         self.role_changes: list[RoleChangeRecord] = []
         self.now = 0.0
         self._heap: list = []
@@ -461,8 +478,10 @@ class VirtualFleet:
         first = next(arrivals, None)
         if first is not None:
             self._push(first.arrival, _ARRIVAL, first)
+            self._next_arrival = first.arrival
         if self.controller is not None:
             self._push(self.control_interval_s, _CONTROL, None)
+            self._next_control = self.control_interval_s
         self._pending_arrivals = arrivals
         heap = self._heap
         pop = heapq.heappop
@@ -471,19 +490,27 @@ class VirtualFleet:
             self.now = when
             self._num_events += 1
             if kind == _STEP_DONE:
+                self._last_activity = when
                 member = payload
                 if token != member.token:
                     continue  # an idle wait superseded by new work
                 step = member.step
                 member.step = None
-                outputs = member.engine.finish_step(step, when)
-                if outputs:
-                    self._handle_outputs(member, outputs)
+                if isinstance(step, DecodeBurst):
+                    self._handle_burst(member, step)
+                else:
+                    outputs = member.engine.finish_step(step, when)
+                    if outputs:
+                        self._handle_outputs(member, outputs)
                 self._kick(member)
             elif kind == _ARRIVAL:
+                self._last_activity = when
                 nxt = next(self._pending_arrivals, None)
                 if nxt is not None:
                     self._push(nxt.arrival, _ARRIVAL, nxt)
+                    self._next_arrival = nxt.arrival
+                else:
+                    self._next_arrival = float("inf")
                 self._arrive(payload)
             else:
                 self._control()
@@ -492,7 +519,7 @@ class VirtualFleet:
         return FleetResult(
             results=sorted(self._results, key=lambda r: r.arrival),
             engine_stats={m.engine_id: m.engine.stats() for m in self.order},
-            sim_seconds=self.now,
+            sim_seconds=self._last_activity,
             wall_seconds=time.perf_counter() - started,
             num_gpus=self.num_gpus,
             role_changes=self.role_changes,
@@ -506,6 +533,14 @@ class VirtualFleet:
                 return  # busy: it looks again when the step ends
             member.step = None
             member.token += 1  # forget the idle wait; plan with the new work
+        if self.decode_bursts and member.incoming_pd == 0:
+            horizon = min(self._next_arrival, self._next_control)
+            burst = member.engine.decode_burst(self.now, horizon)
+            if burst is not None:
+                member.step = burst
+                member.token += 1
+                self._push(burst.times[-1], _STEP_DONE, member, member.token)
+                return
         step = member.engine.next_step(self.now)
         if step is None:
             return
@@ -520,7 +555,10 @@ class VirtualFleet:
         for change in self.controller(self.now, snapshot) or ():
             self.apply_role_change(change)
         if self._tracks or self._heap:
-            self._push(self.now + self.control_interval_s, _CONTROL, None)
+            self._next_control = self.now + self.control_interval_s
+            self._push(self._next_control, _CONTROL, None)
+        else:
+            self._next_control = float("inf")
 
     def _arrive(self, wreq: WorkloadRequest) -> None:
         self._num_arrived += 1
@@ -551,6 +589,7 @@ class VirtualFleet:
         prefill = self.members[route.prefill]
         result.prefill_engine = prefill.engine_id
         prefill.inflight_prefill += 1
+        decode.incoming_pd += 1
         track.stage = "prefill"
         self._submit(prefill, SimRequest(
             wreq.request_id, [], 1, self.now, hold_for_remote_decode=True,
@@ -569,6 +608,8 @@ class VirtualFleet:
         result = track.result
         result.error = error
         self._tracks.pop(result.request_id, None)
+        if track.stage == "prefill":
+            self.members[result.decode_engine].incoming_pd -= 1
         if track.stage == "prefill" or track.prefill_held:
             prefill = self.members[result.prefill_engine]
             prefill.engine.release_held(result.request_id)
@@ -595,6 +636,7 @@ class VirtualFleet:
                 result.cached_tokens = out.num_cached_tokens
                 result.preemptions += out.num_preemptions
                 decode = self.members[result.decode_engine]
+                decode.incoming_pd -= 1
                 local = decode.engine.cached_prefix_tokens(track.request.block_hashes)
                 moved = max(out.prompt_tokens - local, 0)
                 spec_p = member.fleet_engine.spec
@@ -635,6 +677,29 @@ class VirtualFleet:
                 member.inflight_decode -= 1
                 self._check_drained(member)
                 self._done(result)
+
+    def _handle_burst(self, member: _Member, burst: DecodeBurst) -> None:
+        times = burst.times
+        first = times[0]
+        last = times[-1]
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        tracks = self._tracks
+        for request_id, num_output, finished in burst.entries:
+            track = tracks.get(request_id)
+            if track is None:
+                continue
+            result = track.result
+            result.itls.append(first - track.last_token_time)
+            result.itls.extend(gaps)
+            track.last_token_time = last
+            result.output_tokens = num_output
+            if finished:
+                result.finish_time = last
+                result.e2e = last - result.arrival
+                del tracks[request_id]
+                member.inflight_decode -= 1
+                self._done(result)
+        self._check_drained(member)
 
     def _done(self, result: RequestResult) -> None:
         self._results.append(result)
