@@ -403,6 +403,12 @@ class EngineServer:
                 tracked.finish_reason = "abort"
                 self.metrics.counters.request_success["abort"] += 1
                 self._wake.set()
+            elif tracked.hold and rid not in self._held:
+                # Prefilled and held, but the client left before it got the transfer
+                # params: nobody can ever pull these blocks, so free them now.
+                with contextlib.suppress(Exception):
+                    self.engine.release_held(rid)
+                self._wake.set()
             self._requests.pop(rid, None)
 
     async def _collect(self, tracked: _Tracked, header_id: str | None) -> web.Response:
