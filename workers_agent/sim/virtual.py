@@ -21,7 +21,7 @@ import heapq
 import itertools
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from . import links as linkmod
 from .engine import (
@@ -315,11 +315,15 @@ class KVAwareRouter(Router):
     def __init__(self, prefill_load_scale: float = 1.0, overlap_credit: float = 1.0) -> None:
         self.prefill_load_scale = prefill_load_scale
         self.overlap_credit = overlap_credit
+        self._turn = 0
 
     def pick(self, req, candidates, fleet, stage):
+        # Ties (e.g. an idle fleet) go round-robin rather than always to the first engine.
+        self._turn += 1
+        offset = self._turn % len(candidates)
         best = None
         best_cost = float("inf")
-        for member in candidates:
+        for member in candidates[offset:] + candidates[:offset]:
             engine = member.engine
             bs = engine.block_size
             prompt_blocks = -(-req.prompt_tokens // bs)
@@ -350,10 +354,11 @@ class VirtualFleet:
     ) -> None:
         self.members: dict[str, _Member] = {}
         for fleet_engine in engines:
-            spec = fleet_engine.spec
-            if spec.record_kv_events:
+            if fleet_engine.spec.record_kv_events:
                 # Nobody drains events in virtual time: don't buffer them.
-                spec.record_kv_events = False
+                fleet_engine = replace(
+                    fleet_engine, spec=replace(fleet_engine.spec, record_kv_events=False)
+                )
             if fleet_engine.engine_id in self.members:
                 raise ValueError(f"duplicate engine id {fleet_engine.engine_id!r}")
             self.members[fleet_engine.engine_id] = _Member(fleet_engine)
