@@ -272,6 +272,47 @@ def negotiate_version(offered: list[int]) -> int | None:
     return max(common) if common else None
 
 
+# Report fields as (name, low, high, integer). Checked table-driven with a fast path for
+# the common all-valid case (this runs for every report; see bench/ingest_bench.py).
+GPU_REPORT_FIELDS = (
+    ("memory_used_bytes", 0, BIG, False), ("memory_total_bytes", 0, BIG, False),
+    ("utilization", 0, 1.0, False), ("temperature_c", -50, 200, False),
+    ("power_w", 0, 10_000, False), ("nvlink_tx_gbps", 0, 1e5, False),
+    ("nvlink_rx_gbps", 0, 1e5, False),
+)
+ENGINE_REPORT_FIELDS = (
+    ("generation", 0, BIG, True), ("running", 0, BIG, True), ("waiting", 0, BIG, True),
+    ("kv_blocks_used", 0, BIG, True), ("kv_blocks_total", 0, BIG, True),
+    ("preemptions", 0, BIG, True), ("kv_usage", 0, 1.0, False),
+    ("prefix_hit_rate", 0, 1.0, False), ("prompt_tokens_per_s", 0, 1e9, False),
+    ("generation_tokens_per_s", 0, 1e9, False), ("ttft_p50_s", 0, 1e5, False),
+    ("ttft_p95_s", 0, 1e5, False), ("itl_p50_s", 0, 1e5, False), ("itl_p95_s", 0, 1e5, False),
+)
+KV_EVENT_FIELDS = tuple((k, -1, BIG, True) for k in (
+    "blocks", "gaps", "replayed", "lost", "unknown_events", "decode_errors", "last_seq"))
+NIC_REPORT_FIELDS = (
+    ("tx_gbps", 0, 1e5, False), ("rx_gbps", 0, 1e5, False), ("rx_errors", 0, BIG, True),
+    ("tx_errors", 0, BIG, True), ("rx_drops", 0, BIG, True), ("tx_drops", 0, BIG, True),
+)
+AGENT_FIELDS = (("dropped_reports", 0, BIG, True), ("buffered", 0, BIG, True),
+                ("reconnects", 0, BIG, True))
+
+
+def _check_fields(c: _Checker, obj: dict, spec, path: str) -> None:
+    get = obj.get
+    for key, lo, hi, integer in spec:
+        value = get(key)
+        if value is None:
+            continue
+        t = type(value)
+        if t is int:
+            if lo <= value <= hi:
+                continue
+        elif t is float and not integer and value - value == 0.0 and lo <= value <= hi:
+            continue  # (value - value is NaN for NaN and ±inf)
+        c.number(obj, key, path, lo=lo, hi=hi, integer=integer)  # slow path: says why
+
+
 def validate_report(msg: Any, inventory: Inventory) -> list[ProtocolError]:
     """Check a ``report`` frame against the node's announced inventory."""
     c = _Checker()
@@ -281,68 +322,62 @@ def validate_report(msg: Any, inventory: Inventory) -> list[ProtocolError]:
     c.number(msg, "ts", "report", lo=0, hi=1e11, optional=False)
     c.boolean(msg, "ack", "report")
     for i, gpu in enumerate(c.objects(msg, "gpus", "report", MAX_GPUS)):
-        p = f"report.gpus[{i}]"
-        if (
-            c.number(gpu, "index", p, lo=0, hi=MAX_GPUS - 1, optional=False, integer=True)
-            and gpu["index"] not in inventory.gpu_indexes
-        ):
-            c.fail(ErrorCode.UNKNOWN_GPU, f"GPU {gpu['index']} was not in hello", f"{p}.index")
-        c.number(gpu, "memory_used_bytes", p, hi=BIG)
-        c.number(gpu, "memory_total_bytes", p, hi=BIG)
-        c.number(gpu, "utilization", p, hi=1.0)
-        c.number(gpu, "temperature_c", p, lo=-50, hi=200)
-        c.number(gpu, "power_w", p, hi=10_000)
-        c.number(gpu, "nvlink_tx_gbps", p, hi=1e5)
-        c.number(gpu, "nvlink_rx_gbps", p, hi=1e5)
+        index = gpu.get("index")
+        if type(index) is not int or index not in inventory.gpu_indexes:
+            p = f"report.gpus[{i}]"
+            if c.number(gpu, "index", p, lo=0, hi=MAX_GPUS - 1, optional=False, integer=True):
+                c.fail(ErrorCode.UNKNOWN_GPU, f"GPU {index} was not in hello", f"{p}.index")
+        _check_fields(c, gpu, GPU_REPORT_FIELDS, f"report.gpus[{i}]")
         used, total = gpu.get("memory_used_bytes"), gpu.get("memory_total_bytes")
         if (
-            isinstance(used, int | float) and isinstance(total, int | float)
-            and not isinstance(used, bool) and total and used > total
+            type(used) in (int, float) and type(total) in (int, float)
+            and total and used > total
         ):
-            c.fail(ErrorCode.OUT_OF_RANGE, "used memory exceeds total", f"{p}.memory_used_bytes")
+            c.fail(ErrorCode.OUT_OF_RANGE, "used memory exceeds total",
+                   f"report.gpus[{i}].memory_used_bytes")
     for i, eng in enumerate(c.objects(msg, "engines", "report", MAX_ENGINES)):
-        p = f"report.engines[{i}]"
-        if c.string(eng, "id", p) and eng["id"] not in inventory.engine_ids:
-            c.fail(ErrorCode.UNKNOWN_ENGINE, f"engine {eng['id']!r} was not in hello", f"{p}.id")
-        c.boolean(eng, "up", p)
-        c.string(eng, "role", p, optional=True, choices=ROLES)
-        c.number(eng, "generation", p, hi=BIG, integer=True)
-        for key in ("running", "waiting", "kv_blocks_used", "kv_blocks_total", "preemptions"):
-            c.number(eng, key, p, hi=BIG, integer=True)
-        for key in ("kv_usage", "prefix_hit_rate"):
-            c.number(eng, key, p, hi=1.0)
-        for key in ("prompt_tokens_per_s", "generation_tokens_per_s"):
-            c.number(eng, key, p, hi=1e9)
-        for key in ("ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s"):
-            c.number(eng, key, p, hi=1e5)
+        eid = eng.get("id")
+        if type(eid) is not str or eid not in inventory.engine_ids:
+            p = f"report.engines[{i}]"
+            if c.string(eng, "id", p):
+                c.fail(ErrorCode.UNKNOWN_ENGINE, f"engine {eid!r} was not in hello", f"{p}.id")
+        up = eng.get("up")
+        if up is not None and type(up) is not bool:
+            c.boolean(eng, "up", f"report.engines[{i}]")
+        role = eng.get("role")
+        if role is not None and role not in ROLES:
+            c.string(eng, "role", f"report.engines[{i}]", optional=True, choices=ROLES)
+        _check_fields(c, eng, ENGINE_REPORT_FIELDS, f"report.engines[{i}]")
         used, total = eng.get("kv_blocks_used"), eng.get("kv_blocks_total")
-        if isinstance(used, int) and isinstance(total, int) and total and used > total:
-            c.fail(ErrorCode.OUT_OF_RANGE, "KV blocks used exceed total", f"{p}.kv_blocks_used")
+        if type(used) is int and type(total) is int and total and used > total:
+            c.fail(ErrorCode.OUT_OF_RANGE, "KV blocks used exceed total",
+                   f"report.engines[{i}].kv_blocks_used")
         kv = eng.get("kv_events")
         if kv is not None:
-            if not isinstance(kv, dict):
-                c.fail(ErrorCode.BAD_SCHEMA, "must be an object", f"{p}.kv_events")
+            p = f"report.engines[{i}].kv_events"
+            if type(kv) is not dict:
+                c.fail(ErrorCode.BAD_SCHEMA, "must be an object", p)
             else:
-                for key in ("blocks", "gaps", "replayed", "lost", "unknown_events",
-                            "decode_errors", "last_seq"):
-                    c.number(kv, key, f"{p}.kv_events", lo=-1, hi=BIG, integer=True)
-                c.string(kv, "digest", f"{p}.kv_events", optional=True, max_len=64)
-                c.boolean(kv, "connected", f"{p}.kv_events")
+                _check_fields(c, kv, KV_EVENT_FIELDS, p)
+                digest = kv.get("digest")
+                if digest is not None and (type(digest) is not str or len(digest) > 64):
+                    c.string(kv, "digest", p, optional=True, max_len=64)
+                connected = kv.get("connected")
+                if connected is not None and type(connected) is not bool:
+                    c.boolean(kv, "connected", p)
     for i, nic in enumerate(c.objects(msg, "nics", "report", MAX_NICS)):
-        p = f"report.nics[{i}]"
-        if c.string(nic, "name", p, max_len=32) and nic["name"] not in inventory.nic_names:
-            c.fail(ErrorCode.UNKNOWN_NIC, f"NIC {nic['name']!r} was not in hello", f"{p}.name")
-        for key in ("tx_gbps", "rx_gbps"):
-            c.number(nic, key, p, hi=1e5)
-        for key in ("rx_errors", "tx_errors", "rx_drops", "tx_drops"):
-            c.number(nic, key, p, hi=BIG, integer=True)
+        name = nic.get("name")
+        if type(name) is not str or name not in inventory.nic_names:
+            p = f"report.nics[{i}]"
+            if c.string(nic, "name", p, max_len=32):
+                c.fail(ErrorCode.UNKNOWN_NIC, f"NIC {name!r} was not in hello", f"{p}.name")
+        _check_fields(c, nic, NIC_REPORT_FIELDS, f"report.nics[{i}]")
     agent = msg.get("agent")
     if agent is not None:
-        if not isinstance(agent, dict):
+        if type(agent) is not dict:
             c.fail(ErrorCode.BAD_SCHEMA, "must be an object", "report.agent")
         else:
-            for key in ("dropped_reports", "buffered", "reconnects"):
-                c.number(agent, key, "report.agent", hi=BIG, integer=True)
+            _check_fields(c, agent, AGENT_FIELDS, "report.agent")
     return c.errors
 
 

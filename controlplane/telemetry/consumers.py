@@ -77,6 +77,15 @@ class AgentConsumer(AsyncWebsocketConsumer):
     ctx: NodeContext | None = None
     inventory: proto.Inventory | None = None
 
+    async def dispatch(self, message):
+        # Channels closes stale DB connections before every handler through a thread hop
+        # (~0.3 ms). Frames from the agent touch no database on the hot path, so they skip
+        # it; everything else (connect, layer messages, disconnect) keeps the default.
+        if message["type"] == "websocket.receive":
+            await self.websocket_receive(message)
+            return
+        await super().dispatch(message)
+
     async def connect(self):
         # Accept first so a refused agent learns *why* (typed error + close code) instead
         # of a bare HTTP 403 it cannot tell from a proxy problem.

@@ -1,0 +1,241 @@
+"""Ingest benchmark: node reports per second through the real server, and latency from
+"report sent" to "hot state written" (the server acks a report with ``"ack": true`` only
+after its Redis pipeline returned).
+
+A report is 8 GPUs, 2 engines, 4 NICs (~2.3 KB). The load generator runs on the same
+machine: ``--nodes`` websocket connections, each an authenticated node, sending open-loop
+at ``--rate`` reports/s in total (Poisson-free, evenly paced), acks matched by seq.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/pdplane_bench \
+    REDIS_URL=redis://127.0.0.1:6379/9 \
+    .venv/bin/python bench/ingest_bench.py --nodes 200 --rate 2000 --duration 20 [--workers 2]
+
+It migrates the database, creates a "bench" cluster with the nodes and their tokens,
+starts uvicorn on a free port, runs the load, prints a JSON summary and stops the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def setup_fleet(n: int) -> list[tuple[str, str]]:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    from controlplane.telemetry.tokens import issue_token
+    from controlplane.topology.models import Cluster, Node, ServedModel
+
+    cluster, _ = Cluster.objects.get_or_create(name="bench")
+    ServedModel.objects.get_or_create(cluster=cluster, name="bench-model", defaults=dict(
+        layers=80, kv_heads=8, head_dim=128, kv_dtype_bytes=1, weight_bytes=70 * 10**9))
+    out = []
+    for i in range(n):
+        node, _ = Node.objects.get_or_create(cluster=cluster, hostname=f"bench-{i:04d}")
+        out.append((node.hostname, issue_token(node)))
+    return out
+
+
+def hello(host: str) -> dict:
+    return {"type": "hello", "protocol": [1], "agent_version": "bench", "hostname": host,
+            "inventory": {
+                "gpus": [{"index": i, "uuid": f"GPU-{host}-{i}", "name": "NVIDIA H200",
+                          "memory_total_bytes": 141 * 10**9} for i in range(8)],
+                "nics": [{"name": f"mlx5_{i}", "line_rate_gbps": 400,
+                          "transport": "infiniband", "rdma": True} for i in range(4)],
+                "engines": [{"id": f"e{j}", "model": "bench-model", "kind": "vllm",
+                             "gpus": [4 * j + k for k in range(4)], "tp": 4, "role": "both",
+                             "api_url": f"http://10.0.0.1:{8000 + j}"} for j in range(2)]}}
+
+
+def report(seq: int) -> dict:
+    return {"type": "report", "seq": seq, "ts": time.time(), "ack": True,
+            "gpus": [{"index": i, "memory_used_bytes": 120 * 10**9 + seq % 1000,
+                      "memory_total_bytes": 141 * 10**9, "utilization": 0.73,
+                      "temperature_c": 61.0, "power_w": 612.5, "nvlink_tx_gbps": 120.4,
+                      "nvlink_rx_gbps": 118.9} for i in range(8)],
+            "engines": [{"id": f"e{j}", "up": True, "role": "both", "running": 42,
+                         "waiting": 3, "kv_blocks_used": 31000, "kv_blocks_total": 52000,
+                         "kv_usage": 0.596, "prefix_hit_rate": 0.41,
+                         "prompt_tokens_per_s": 18250.5, "generation_tokens_per_s": 3120.2,
+                         "ttft_p50_s": 0.182, "ttft_p95_s": 0.611, "itl_p50_s": 0.021,
+                         "itl_p95_s": 0.044, "preemptions": 0,
+                         "kv_events": {"blocks": 30872, "digest": "9f0c1b2a3d4e5f60",
+                                       "last_seq": seq, "gaps": 0, "replayed": 0,
+                                       "lost": 0}} for j in range(2)],
+            "nics": [{"name": f"mlx5_{i}", "tx_gbps": 81.2, "rx_gbps": 77.5, "rx_errors": 0,
+                      "tx_errors": 0, "rx_drops": 0, "tx_drops": 0} for i in range(4)],
+            "agent": {"dropped_reports": 0, "buffered": 0, "reconnects": 0}}
+
+
+async def node_client(url, host, token, rate, start_at, stop_at, lat, counts):
+    import orjson
+    from websockets.asyncio.client import connect
+
+    async with connect(url, additional_headers={"Authorization": f"Bearer {token}"},
+                       max_size=2**22, ping_interval=None) as ws:
+        await ws.send(orjson.dumps(hello(host)).decode())
+        welcome = orjson.loads(await ws.recv())
+        assert welcome["type"] == "welcome", welcome
+        sent: dict[int, float] = {}
+
+        async def reader():
+            async for raw in ws:
+                msg = orjson.loads(raw)
+                t = time.perf_counter()
+                if msg.get("type") == "ack":
+                    t0 = sent.pop(msg["seq"], None)
+                    if t0 is not None:
+                        lat.append(t - t0)
+                        counts["acked"] += 1
+                else:
+                    counts["errors"] += 1
+                    counts.setdefault("codes", {}).setdefault(msg.get("code"), 0)
+                    counts["codes"][msg.get("code")] += 1
+
+        task = asyncio.create_task(reader())
+        await asyncio.sleep(max(0.0, start_at - time.perf_counter()))
+        interval = 1.0 / rate
+        # Serialise once; only seq and ts change (keeps the generator's CPU for sending).
+        body = orjson.dumps({k: v for k, v in report(0).items()
+                             if k not in ("type", "seq", "ts")}).decode()[1:]
+        seq = 0
+        next_at = time.perf_counter()
+        while time.perf_counter() < stop_at:
+            seq += 1
+            frame = f'{{"type":"report","seq":{seq},"ts":{time.time()},{body}'
+
+            sent[seq] = time.perf_counter()
+            await ws.send(frame)
+            counts["sent"] += 1
+            next_at += interval
+            delay = next_at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        await asyncio.sleep(1.0)  # let the last acks arrive
+        counts["unacked"] += len(sent)
+        task.cancel()
+
+
+async def run_load(url, fleet, rate, duration, warmup):
+    lat: list[float] = []
+    counts = {"sent": 0, "acked": 0, "errors": 0, "unacked": 0}
+    per_node = rate / len(fleet)
+    t0 = time.perf_counter() + 2.0
+    stop_at = t0 + warmup + duration
+    warm_lat: list[float] = []
+    clients = [asyncio.create_task(node_client(url, h, t, per_node, t0 + (i / len(fleet)) /
+                                               per_node, stop_at, lat, counts))
+               for i, (h, t) in enumerate(fleet)]
+
+    async def mark_warm():
+        await asyncio.sleep(max(0.0, t0 + warmup - time.perf_counter()))
+        warm_lat.extend(lat)
+        counts["acked_at_warm"] = counts["acked"]
+
+    await asyncio.gather(mark_warm(), *clients)
+    measured = lat[len(warm_lat):]
+    acked = counts["acked"] - counts["acked_at_warm"]
+    return measured, acked, counts
+
+
+def pct(values, q):
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nodes", type=int, default=200)
+    ap.add_argument("--rate", type=float, default=2000, help="total reports/s offered")
+    ap.add_argument("--duration", type=float, default=20)
+    ap.add_argument("--warmup", type=float, default=3)
+    ap.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
+    ap.add_argument("--port", type=int, default=0)
+    args = ap.parse_args()
+    if not os.environ.get("DATABASE_URL") or not os.environ.get("REDIS_URL"):
+        print("set DATABASE_URL and REDIS_URL", file=sys.stderr)
+        return 2
+    fleet = setup_fleet(args.nodes)
+    port = args.port or free_port()
+    prefix = f"bench:{uuid.uuid4().hex[:6]}:"
+    env = dict(os.environ, PDPLANE_TELEMETRY_PREFIX=prefix,
+               PDPLANE_AGENT_MAX_REPORTS_PER_S=str(max(50.0, 4 * args.rate / args.nodes)),
+               PDPLANE_AGENT_REPORT_BURST="100", LOG_LEVEL="WARNING")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "controlplane.asgi:application", "--host",
+         "127.0.0.1", "--port", str(port), "--workers", str(args.workers), "--log-level",
+         "warning", "--no-access-log"], cwd=ROOT, env=env)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        time.sleep(1.0)
+        try:
+            import uvloop
+
+            uvloop.install()
+        except ImportError:
+            pass
+        url = f"ws://127.0.0.1:{port}/ws/agent/v1/"
+        lat, acked, counts = asyncio.run(run_load(url, fleet, args.rate, args.duration,
+                                                  args.warmup))
+        summary = {
+            "nodes": args.nodes, "workers": args.workers, "offered_per_s": args.rate,
+            "duration_s": args.duration,
+            "acked_per_s": round(acked / args.duration, 1),
+            "p50_ms": round(pct(lat, 0.50) * 1000, 2) if lat else None,
+            "p99_ms": round(pct(lat, 0.99) * 1000, 2) if lat else None,
+            "max_ms": round(max(lat) * 1000, 2) if lat else None,
+            "mean_ms": round(statistics.fmean(lat) * 1000, 2) if lat else None,
+            "sent": counts["sent"], "errors": counts["errors"], "unacked": counts["unacked"],
+            "error_codes": counts.get("codes", {}),
+        }
+        print(json.dumps(summary))
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        import redis
+
+        r = redis.Redis.from_url(os.environ["REDIS_URL"])
+        keys = list(r.scan_iter(prefix + "*"))
+        if keys:
+            r.delete(*keys)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
