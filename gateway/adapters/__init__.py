@@ -1,0 +1,1 @@
+"""Adapters that drive other routers from a pdplane routing table."""
