@@ -6,6 +6,9 @@ import uuid
 import orjson
 import pytest
 from channels.testing import WebsocketCommunicator
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from controlplane.telemetry import hotstate
 from controlplane.telemetry.models import AgentCommand
@@ -257,5 +260,89 @@ def test_old_connection_late_disconnect_does_not_mark_node_offline(fleet):
         await new.send_to(text_data=orjson.dumps(report(1)).decode())
         assert (await recv(new))["type"] == "ack"
         await new.disconnect()
+
+    run(scenario())
+
+
+# --------------------------------------------------------------------------- property test
+
+
+json_scalars = (st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
+                | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=30))
+json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=4)
+                           | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+                           max_leaves=20)
+report_keys = st.sampled_from(["seq", "ts", "gpus", "engines", "nics", "agent"])
+gpu_keys = st.sampled_from(["index", "utilization", "memory_used_bytes", "power_w",
+                            "temperature_c", "nvlink_tx_gbps"])
+engine_keys = st.sampled_from(["id", "running", "kv_usage", "kv_blocks_used", "role",
+                               "prefix_hit_rate", "ttft_p95_s", "kv_events", "up"])
+
+
+@st.composite
+def frames(draw):
+    kind = draw(st.sampled_from(["value", "report", "gpu", "engine", "garbage", "huge"]))
+    if kind == "value":
+        value = draw(json_values)
+        if isinstance(value, dict) and value.get("type") == "inventory":
+            value["type"] = "x"
+        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode() \
+            if not _has_bad_float(value) else "NaN"
+    if kind == "garbage":
+        return draw(st.text(min_size=1, max_size=50)).replace("{", "[") + "{"
+    if kind == "huge":
+        return orjson.dumps(report(1) | {"pad": "x" * 300_000}).decode()
+    msg = report(draw(st.integers(min_value=0, max_value=10**6)))
+    if kind == "report":
+        msg[draw(report_keys)] = draw(json_values)
+    elif kind == "gpu":
+        msg["gpus"][0][draw(gpu_keys)] = draw(json_values)
+    else:
+        msg["engines"][0][draw(engine_keys)] = draw(json_values)
+    msg["ack"] = True
+    if _has_bad_float(msg):
+        return orjson.dumps(msg, default=str).decode().replace('"nan"', "NaN")
+    return orjson.dumps(msg, option=orjson.OPT_NON_STR_KEYS).decode()
+
+
+def _has_bad_float(value) -> bool:
+    if isinstance(value, float):
+        return value != value or value in (float("inf"), float("-inf"))
+    if isinstance(value, dict):
+        return any(_has_bad_float(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_bad_float(v) for v in value)
+    return False
+
+
+@hsettings(max_examples=25, deadline=None,
+           suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                  HealthCheck.too_slow])
+@given(batch=st.lists(frames(), min_size=1, max_size=8))
+def test_property_every_bad_frame_gets_one_typed_answer(fleet, batch):
+    _c, _a, token_a, _b, token_b = fleet
+
+    async def scenario():
+        ca = await connect(token_a)
+        cb = await connect(token_b)
+        await ca.send_to(text_data=orjson.dumps(hello("node-a")).decode())
+        await cb.send_to(text_data=orjson.dumps(hello("node-b")).decode())
+        assert (await recv(ca))["type"] == "welcome"
+        assert (await recv(cb))["type"] == "welcome"
+        for text in batch:
+            await ca.send_to(text_data=text)
+            answer = await recv(ca)
+            assert answer["type"] in ("ack", "error"), answer
+            if answer["type"] == "error":
+                assert answer["code"] in {
+                    "bad_json", "too_large", "unknown_type", "bad_schema", "out_of_range",
+                    "unknown_gpu", "unknown_engine", "unknown_nic", "forbidden",
+                    "rate_limited"}, answer
+                assert answer["reason"]
+        assert await ca.receive_nothing(0.05)  # exactly one answer per frame
+        await cb.send_to(text_data=orjson.dumps(report(1, running=5)).decode())
+        assert await recv(cb) == {"type": "ack", "seq": 1}
+        await ca.disconnect()
+        await cb.disconnect()
 
     run(scenario())
