@@ -1,0 +1,296 @@
+"""Gateway benchmark: the Mooncake trace through pdplane's gateway and its peers, side by side.
+
+Phase 1 (routing quality): for each router, a fresh simulated fleet (same config, cold
+caches), the first N requests of the Mooncake synthetic trace replayed through the router
+(arrivals sped up), measured by the sim's workload player: prefix-cache hit rate from the
+engines' /metrics, TTFT p50/p95, failures.
+
+Phase 2 (added latency): a near-zero-latency stub backend, called directly and through each
+router; added latency = percentile through the router − percentile direct.
+
+Routers: ``pdplane`` (this gateway, approximate prefix index), ``pdplane-events`` (plus KV
+events and /tokenize for exact matching), ``round-robin`` (vllm-router's), ``vllm-router``
+and ``sglang-router`` (cache_aware). The peers come from PyPI into their own venv (not
+project dependencies)::
+
+    python3 -m venv ~/.cache/pdplane-peers
+    ~/.cache/pdplane-peers/bin/pip install vllm-router sglang-router
+
+Run (≈6 min on the 2-core box)::
+
+    .venv/bin/python bench/gateway_bench.py --limit 200 --speedup 5 --time-scale 0.2 \
+        --json var/gateway_bench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from gateway.statictable import static_table, table_from_sim_endpoints  # noqa: E402
+from tests.conftest import free_port, wait_for_port  # noqa: E402
+from workers_agent.sim.fleetconfig import parse_fleet_config  # noqa: E402
+from workers_agent.sim.launcher import FleetProcesses  # noqa: E402
+from workers_agent.sim.player import replay  # noqa: E402
+from workers_agent.sim.workload import load_trace  # noqa: E402
+
+TRACE = ROOT.parent / "shared" / "data" / "traces" / "mooncake_synthetic.jsonl"
+PEERS_BIN = Path(os.environ.get("PDPLANE_PEERS_BIN", str(Path.home() / ".cache/pdplane-peers/bin")))
+MODEL = "llama-3.3-70b-fp8"
+ALL_ROUTERS = ("pdplane", "pdplane-events", "round-robin", "vllm-router", "sglang-router")
+
+
+def fleet_config(engines: int, time_scale: float, num_gpu_blocks: int) -> dict:
+    nodes, entries = [], []
+    for i in range(engines):
+        nodes.append({"hostname": f"n{i}", "gpu": "H200", "gpu_count": 1,
+                      "nics": [{"name": "ib0", "line_rate_gbps": 400, "transport": "infiniband",
+                                "rdma": True}]})
+        entries.append({"id": f"e{i}", "node": f"n{i}", "model": MODEL, "gpus": [0],
+                        "role": "both", "num_gpu_blocks": num_gpu_blocks, "block_size": 16})
+    return {"time_scale": time_scale, "nodes": nodes, "engines": entries}
+
+
+class Router:
+    """One router process in front of a list of worker URLs."""
+
+    def __init__(self, name: str, endpoints: dict, workdir: Path, urls: list[str] | None = None):
+        self.name = name
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        urls = urls or [e["api_url"] for e in endpoints["engines"]]
+        log = open(workdir / f"{name}-{self.port}.log", "wb")  # noqa: SIM115 - closed by stop
+        self.log = log
+        if name.startswith("pdplane"):
+            if endpoints.get("engines"):
+                table = table_from_sim_endpoints(endpoints, mode="aggregated")
+            else:
+                table = static_table(MODEL, [{"url": u} for u in urls])
+            table_path = workdir / f"table-{self.port}.json"
+            table_path.write_text(json.dumps(table))
+            cmd = [sys.executable, "-m", "gateway", "--port", str(self.port), "--table",
+                   str(table_path), "--seed", "1", "--log-level", "WARNING"]
+            cmd += ["--tokenize-via-engine"] if name == "pdplane-events" else ["--no-kv-events"]
+        elif name in ("round-robin", "vllm-router"):
+            policy = "round_robin" if name == "round-robin" else "cache_aware"
+            cmd = [str(PEERS_BIN / "vllm-router"), "--host", "127.0.0.1", "--port",
+                   str(self.port), "--prometheus-port", str(free_port()), "--policy", policy,
+                   "--log-level", "warning", "--worker-urls", *urls]
+        elif name == "sglang-router":
+            cmd = [str(PEERS_BIN / "sglang-router"), "launch", "--host", "127.0.0.1", "--port",
+                   str(self.port), "--prometheus-port", str(free_port()), "--policy",
+                   "cache_aware", "--log-level", "warn", "--worker-urls", *urls]
+        else:
+            raise ValueError(name)
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        wait_for_port(self.port, timeout=30)
+        self._wait_routable(urls)
+
+    def _wait_routable(self, urls: list[str]) -> None:
+        import urllib.request
+
+        body = json.dumps({"model": MODEL, "prompt": "warm up", "max_tokens": 1}).encode()
+        deadline = time.monotonic() + 30
+        ok = 0
+        while time.monotonic() < deadline and ok < 2 * len(urls):
+            try:
+                req = urllib.request.Request(self.url + "/v1/completions", data=body,
+                                             headers={"Content-Type": "application/json"})
+                with urllib.request.urlopen(req, timeout=5) as r:
+                    ok += r.status == 200
+            except OSError:
+                time.sleep(0.3)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self.log.close()
+
+
+def available(names: list[str]) -> tuple[list[str], dict[str, str]]:
+    skipped = {}
+    ok = []
+    for name in names:
+        binary = {"round-robin": "vllm-router", "vllm-router": "vllm-router",
+                  "sglang-router": "sglang-router"}.get(name)
+        if binary and not (PEERS_BIN / binary).exists():
+            skipped[name] = f"{PEERS_BIN / binary} not installed"
+        else:
+            ok.append(name)
+    return ok, skipped
+
+
+def run_quality(args, names: list[str], workdir: Path) -> dict:
+    workload = load_trace(args.trace, args.speedup, args.limit)
+    results = {}
+    for name in names:
+        config = parse_fleet_config(fleet_config(args.engines, args.time_scale,
+                                                 args.num_gpu_blocks))
+        fleet = FleetProcesses(config)
+        fleet.start(timeout=60)
+        router = None
+        try:
+            endpoints = fleet.endpoints
+            router = Router(name, endpoints, workdir)
+            metrics = [e["metrics_url"] for e in endpoints["engines"]]
+            report = asyncio.run(replay(workload, router.url, args.slo_ttft_ms, args.slo_itl_ms,
+                                        metrics_urls=metrics, model=MODEL,
+                                        num_gpus=args.engines))
+            s = report.summary
+            hit = (report.prefix_hits / report.prefix_queries) if report.prefix_queries else None
+            results[name] = {
+                "completed": s.completed, "failed": s.failed, "wall_s": report.wall_seconds,
+                "prefix_hit_rate": hit, "ttft_p50_ms": s.ttft_ms.get("p50"),
+                "ttft_p95_ms": s.ttft_ms.get("p95"), "ttft_p99_ms": s.ttft_ms.get("p99"),
+                "itl_p95_ms": s.itl_ms.get("p95"), "slo_attainment": s.slo_attainment,
+            }
+            print(f"{name:15s} {json.dumps(results[name])}", flush=True)
+        finally:
+            if router:
+                router.stop()
+            fleet.stop()
+    return results
+
+
+# --- added latency ----------------------------------------------------------------------
+
+STUB = r'''
+import json, sys
+MODEL = sys.argv[2]
+from aiohttp import web
+BODY = json.dumps({"id": "cmpl-x", "object": "text_completion", "created": 0, "model": MODEL,
+    "choices": [{"index": 0, "text": "ok", "finish_reason": "length"}],
+    "usage": {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5}}).encode()
+async def completions(request):
+    await request.read()
+    return web.Response(body=BODY, content_type="application/json")
+async def models(request):
+    return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+async def health(request):
+    return web.Response(text="ok")
+async def tokenize(request):
+    return web.json_response({"tokens": [1, 2, 3, 4], "count": 4, "max_model_len": 4096})
+app = web.Application()
+app.router.add_post("/v1/completions", completions)
+app.router.add_get("/v1/models", models)
+app.router.add_get("/health", health)
+app.router.add_post("/tokenize", tokenize)
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None)
+'''
+
+
+async def _latencies(url: str, n: int, concurrency: int) -> list[float]:
+    import aiohttp
+
+    body = json.dumps({"model": MODEL, "prompt": "hello world how are you", "max_tokens": 1})
+    out: list[float] = []
+    queue = list(range(n))
+    async with aiohttp.ClientSession() as session:
+        async def worker():
+            while queue:
+                queue.pop()
+                t0 = time.perf_counter()
+                async with session.post(url + "/v1/completions", data=body,
+                                        headers={"Content-Type": "application/json"}) as r:
+                    await r.read()
+                    assert r.status == 200, r.status
+                out.append(time.perf_counter() - t0)
+        for _ in range(20):  # warm connections
+            async with session.post(url + "/v1/completions", data=body,
+                                    headers={"Content-Type": "application/json"}) as r:
+                await r.read()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return out
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(int(q * len(values)), len(values) - 1)]
+
+
+def run_latency(args, names: list[str], workdir: Path) -> dict:
+    port = free_port()
+    stub_path = workdir / "stub.py"
+    stub_path.write_text(STUB)
+    stub = subprocess.Popen([sys.executable, str(stub_path), str(port), MODEL], cwd=ROOT)
+    results: dict = {}
+    try:
+        wait_for_port(port)
+        direct_url = f"http://127.0.0.1:{port}"
+        for concurrency in (1, 8):
+            direct = asyncio.run(_latencies(direct_url, args.latency_requests, concurrency))
+            d50, d99 = pct(direct, 0.5), pct(direct, 0.99)
+            results[f"direct_c{concurrency}"] = {"p50_ms": d50 * 1e3, "p99_ms": d99 * 1e3}
+            for name in names:
+                if name == "pdplane-events":
+                    continue
+                router = Router(name, {"engines": []}, workdir, urls=[direct_url])
+                try:
+                    lat = asyncio.run(_latencies(router.url, args.latency_requests, concurrency))
+                finally:
+                    router.stop()
+                results[f"{name}_c{concurrency}"] = {
+                    "p50_ms": pct(lat, 0.5) * 1e3, "p99_ms": pct(lat, 0.99) * 1e3,
+                    "added_p50_ms": (pct(lat, 0.5) - d50) * 1e3,
+                    "added_p99_ms": (pct(lat, 0.99) - d99) * 1e3,
+                }
+                print(f"latency {name} c{concurrency}: {results[f'{name}_c{concurrency}']}",
+                      flush=True)
+    finally:
+        stub.terminate()
+        stub.wait(timeout=10)
+    return results
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--trace", default=str(TRACE))
+    p.add_argument("--limit", type=int, default=200)
+    p.add_argument("--speedup", type=float, default=5.0)
+    p.add_argument("--time-scale", type=float, default=0.2)
+    p.add_argument("--engines", type=int, default=4)
+    p.add_argument("--num-gpu-blocks", type=int, default=8000)
+    p.add_argument("--routers", default=",".join(ALL_ROUTERS))
+    p.add_argument("--slo-ttft-ms", type=float, default=2000)
+    p.add_argument("--slo-itl-ms", type=float, default=100)
+    p.add_argument("--latency-requests", type=int, default=1000)
+    p.add_argument("--skip-quality", action="store_true")
+    p.add_argument("--skip-latency", action="store_true")
+    p.add_argument("--json", dest="json_out")
+    args = p.parse_args()
+    if not Path(args.trace).exists():
+        print(f"trace not found: {args.trace}", file=sys.stderr)
+        return 2
+    names, skipped = available(args.routers.split(","))
+    for name, why in skipped.items():
+        print(f"skipping {name}: {why}", flush=True)
+    out = {"args": vars(args), "skipped": skipped}
+    with tempfile.TemporaryDirectory(prefix="gwbench-") as tmp:
+        workdir = Path(tmp)
+        if not args.skip_quality:
+            out["quality"] = run_quality(args, names, workdir)
+        if not args.skip_latency:
+            out["latency"] = run_latency(args, names, workdir)
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps(out, indent=2))
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
