@@ -364,6 +364,9 @@ class VirtualFleet:
             self.members[fleet_engine.engine_id] = _Member(fleet_engine)
         if not self.members:
             raise ValueError("a fleet needs at least one engine")
+        if len({m.engine.block_size for m in self.members.values()}) > 1:
+            # Routers compare block hashes across engines: one block size per fleet.
+            raise ValueError("all engines of a virtual fleet must use the same block size")
         self.order = list(self.members.values())
         self.links = links or LinkModel()
         self.router = router or KVAwareRouter()
@@ -519,6 +522,11 @@ class VirtualFleet:
                 self._arrive(payload)
             else:
                 self._control()
+        for track in list(self._tracks.values()):
+            # Nothing left to wake it (should not happen): report it, don't drop it.
+            track.result.error = "still queued when the simulation ran out of events"
+            self._done(track.result)
+        self._tracks.clear()
         for member in self.order:
             member.engine.expire_held(float("inf"), 0.0)
         return FleetResult(
@@ -538,8 +546,10 @@ class VirtualFleet:
                 return  # busy: it looks again when the step ends
             member.step = None
             member.token += 1  # forget the idle wait; plan with the new work
-        if self.decode_bursts and member.incoming_pd == 0:
+        if self.decode_bursts:
             horizon = min(self._next_arrival, self._next_control)
+            if member.incoming_pd:
+                horizon = min(horizon, self._prefill_horizon())
             burst = member.engine.decode_burst(self.now, horizon)
             if burst is not None:
                 member.step = burst
@@ -552,6 +562,23 @@ class VirtualFleet:
         member.step = step
         member.token += 1
         self._push(self.now + step.duration, _STEP_DONE, member, member.token)
+
+    def _prefill_horizon(self) -> float:
+        """Earliest time a prefill stage elsewhere could hand this engine new work: the end
+        of the current step of every engine holding prefill work (or, if one of them is idle,
+        the next event of any kind, which is what could wake it)."""
+        horizon = float("inf")
+        for other in self.order:
+            if not other.inflight_prefill:
+                continue
+            step = other.step
+            if step is None or step.idle:
+                return self._heap[0][0] if self._heap else self.now
+            end = step.times[-1] if isinstance(step, DecodeBurst) else (
+                step.started_at + step.duration
+            )
+            horizon = min(horizon, end)
+        return horizon
 
     def _control(self) -> None:
         snapshot = self.snapshot()
@@ -621,6 +648,7 @@ class VirtualFleet:
             prefill.engine.abort(result.request_id)
             prefill.inflight_prefill -= 1
             self._check_drained(prefill)
+            self._kick(prefill)
         decode = self.members[result.decode_engine]
         decode.inflight_decode -= 1
         self._check_drained(decode)
@@ -670,6 +698,7 @@ class VirtualFleet:
                     track.prefill_held = False
                     prefill.inflight_prefill -= 1
                     self._check_drained(prefill)
+                    self._kick(prefill)  # freed blocks may let queued prompts in
             else:
                 result.itls.append(now - track.last_token_time)
             track.last_token_time = now
