@@ -141,7 +141,21 @@ async def node_client(url, host, token, rate, start_at, stop_at, lat, counts):
         task.cancel()
 
 
-async def run_load(url, fleet, rate, duration, warmup):
+def server_cpu_s(pid: int) -> float | None:
+    """CPU seconds used so far by the server and its worker processes (psutil if present)."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    try:
+        proc = psutil.Process(pid)
+        procs = [proc, *proc.children(recursive=True)]
+        return sum(sum(p.cpu_times()[:2]) for p in procs)
+    except psutil.Error:
+        return None
+
+
+async def run_load(url, fleet, rate, duration, warmup, server_pid=None):
     lat: list[float] = []
     counts = {"sent": 0, "acked": 0, "errors": 0, "unacked": 0}
     per_node = rate / len(fleet)
@@ -156,6 +170,9 @@ async def run_load(url, fleet, rate, duration, warmup):
         await asyncio.sleep(max(0.0, t0 + warmup - time.perf_counter()))
         warm_lat.extend(lat)
         counts["acked_at_warm"] = counts["acked"]
+        counts["cpu_at_warm"] = server_cpu_s(server_pid) if server_pid else None
+        await asyncio.sleep(max(0.0, stop_at - time.perf_counter()))
+        counts["cpu_at_stop"] = server_cpu_s(server_pid) if server_pid else None
 
     await asyncio.gather(mark_warm(), *clients)
     measured = lat[len(warm_lat):]
@@ -209,7 +226,10 @@ def main() -> int:
             pass
         url = f"ws://127.0.0.1:{port}/ws/agent/v1/"
         lat, acked, counts = asyncio.run(run_load(url, fleet, args.rate, args.duration,
-                                                  args.warmup))
+                                                  args.warmup, server.pid))
+        cpu = None
+        if counts.get("cpu_at_warm") is not None and counts.get("cpu_at_stop") is not None:
+            cpu = counts["cpu_at_stop"] - counts["cpu_at_warm"]
         summary = {
             "nodes": args.nodes, "workers": args.workers, "offered_per_s": args.rate,
             "duration_s": args.duration,
@@ -218,6 +238,9 @@ def main() -> int:
             "p99_ms": round(pct(lat, 0.99) * 1000, 2) if lat else None,
             "max_ms": round(max(lat) * 1000, 2) if lat else None,
             "mean_ms": round(statistics.fmean(lat) * 1000, 2) if lat else None,
+            "server_cpu_us_per_report": round(cpu / acked * 1e6, 1) if cpu and acked else None,
+            "server_cpu_cores": round(cpu / args.duration, 2) if cpu else None,
+            "load_avg_1m": round(os.getloadavg()[0], 1),
             "sent": counts["sent"], "errors": counts["errors"], "unacked": counts["unacked"],
             "error_codes": counts.get("codes", {}),
         }
