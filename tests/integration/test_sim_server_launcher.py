@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tests.conftest import ROOT
-from tests.integration.sim.client import get, pid_alive, post, start_fleet
+from tests.integration.sim.client import KvSubscriber, get, pid_alive, post, start_fleet
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -67,11 +67,24 @@ def test_two_node_fleet_starts_serves_and_stops_cleanly(tmp_path, sig):
     assert _wait_gone(pids), "node processes outlived the launcher"
 
 
-def test_in_process_fleet(tmp_path):
-    fleet = start_fleet(TWO_NODES, tmp_path, "--in-process")
+def test_in_process_fleet_with_map_encoded_kv_batches(tmp_path):
+    fleet = start_fleet(TWO_NODES, tmp_path, "--in-process", "--kv-batch-format", "map")
     try:
         pids = {get(n["telemetry_url"])[1]["pid"] for n in fleet.endpoints["nodes"]}
         assert pids == {fleet.proc.pid}
+        engine = fleet.endpoints["engines"][0]
+        sub = KvSubscriber(engine["kv_events_endpoint"])
+        try:
+            status, _ = post(engine["api_url"] + "/v1/completions", {
+                "prompt": " ".join(["tok"] * 40), "max_tokens": 1})
+            assert status == 200
+            batches = sub.receive(timeout=5, until=bool)
+        finally:
+            sub.close()
+        _topic, seq, batch = batches[0]
+        assert seq == 0
+        assert set(batch) == {"ts", "events", "data_parallel_rank"}
+        assert batch["events"][0]["type"] == "BlockStored"
     finally:
         assert fleet.stop() == 0
 
