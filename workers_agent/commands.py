@@ -41,6 +41,8 @@ def check_args(command: str, args: dict, engine_ids: set[str]) -> dict[str, str]
         if not SAFE_VALUE.match(text) or not SAFE_VALUE.match(str(key)):
             raise Refused(f"argument {key!r} has characters hooks do not accept")
         values[key] = text
+    if "engine" not in values and "worker" in values:  # the control plane's other name
+        values["engine"] = values["worker"]
     engine = values.get("engine")
     if engine is None:
         raise Refused(f"{command} needs an 'engine' argument")

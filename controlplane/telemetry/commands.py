@@ -43,8 +43,12 @@ def _create(node_id: int, command: str, args: dict | None, ttl_s: float) -> Agen
         raise CommandError("args must be an object")
     if not Node.objects.filter(pk=node_id).exists():
         raise CommandError(f"no node {node_id}")
+    args = dict(args or {})
+    # The agent addresses engines by their id (= Worker.name); accept "worker" for it too.
+    if "engine" not in args and isinstance(args.get("worker"), str):
+        args["engine"] = args["worker"]
     return AgentCommand.objects.create(
-        node_id=node_id, command=command, args=args or {},
+        node_id=node_id, command=command, args=args,
         expires_at=timezone.now() + timedelta(seconds=ttl_s))
 
 
