@@ -346,3 +346,32 @@ def test_property_every_bad_frame_gets_one_typed_answer(fleet, batch):
         await cb.disconnect()
 
     run(scenario())
+
+
+def test_live_fanout_is_coalesced_per_cluster(fleet):
+    from channels.layers import get_channel_layer
+
+    cluster, _a, token_a, _b, token_b = fleet
+
+    async def scenario():
+        layer = get_channel_layer()
+        channel = await layer.new_channel()
+        await layer.group_add(f"live.cluster.{cluster.pk}", channel)
+        ca, cb = await connect(token_a), await connect(token_b)
+        for comm, host in ((ca, "node-a"), (cb, "node-b")):
+            await comm.send_to(text_data=orjson.dumps(hello(host)).decode())
+            assert (await recv(comm))["type"] == "welcome"
+        for seq in range(1, 6):
+            for comm in (ca, cb):
+                await comm.send_to(text_data=orjson.dumps(report(seq)).decode())
+                assert (await recv(comm))["type"] == "ack"
+        message = await asyncio.wait_for(layer.receive(channel), 3)
+        assert message["type"] == "telemetry.changed"
+        assert sorted(message["node_ids"]) == sorted([_a.pk, _b.pk])
+        with pytest.raises(asyncio.TimeoutError):  # ten reports → one message, not ten
+            await asyncio.wait_for(layer.receive(channel), 1.5)
+        await layer.group_discard(f"live.cluster.{cluster.pk}", channel)
+        await ca.disconnect()
+        await cb.disconnect()
+
+    run(scenario())
