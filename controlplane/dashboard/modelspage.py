@@ -6,12 +6,13 @@ from django.core.paginator import Paginator
 
 from controlplane.accounts.roles import ACTION, READ, can, restrict
 from controlplane.audit.models import ChangeRecord
+from controlplane.planner.inputs import measured_latency
+from controlplane.planner.models import Plan
 from controlplane.policies.models import effective_policy_for
 from controlplane.routing.diff import diff_tables, summarize
 from controlplane.routing.models import GatewayDelivery, RoutingTableVersion
+from controlplane.telemetry import hotstate
 from controlplane.topology.models import Cluster, Gateway, ServedModel, Worker
-
-from .live import hot_for_nodes
 
 
 def _layout(workers: list[Worker]) -> str:
@@ -25,16 +26,6 @@ def _layout(workers: list[Worker]) -> str:
     return text + (f" + {both} aggregated" if both else "")
 
 
-def _p95(workers: list[Worker], hot: dict, key: str) -> float | None:
-    """Worst p95 over the model's workers that have data (agents' figures)."""
-    values = []
-    for w in workers:
-        engine = ((hot.get(w.node_id) or {}).get("engines") or {}).get(w.name) or {}
-        if engine.get(key) is not None:
-            values.append(engine[key])
-    return max(values) if values else None
-
-
 def models_context(request) -> dict:
     clusters = restrict(Cluster.objects.all(), request.user, READ)
     models = list(ServedModel.objects.filter(cluster__in=clusters).select_related("cluster"))
@@ -42,30 +33,33 @@ def models_context(request) -> dict:
         Worker.objects.filter(served_model__in=models).select_related("node")
         .prefetch_related("gpus")
     )
-    hot = hot_for_nodes(sorted({w.node_id for w in workers}))
+    worker_states: dict[int, dict] = {}
+    for cluster_id in {m.cluster_id for m in models}:
+        worker_states.update(hotstate.cluster_snapshot(cluster_id)["workers"])
     latest_plans = _latest_plans(models)
     rows = []
     for model in models:
         mine = [w for w in workers if w.served_model_id == model.pk]
         policy, _ = effective_policy_for(model)
+        ttft, itl, source = measured_latency(
+            model, [worker_states[w.pk] for w in mine if w.pk in worker_states]
+        )
         rows.append({
             "model": model,
             "policy": policy,
             "layout": _layout(mine),
             "workers": mine,
-            "ttft_p95_s": _p95(mine, hot, "ttft_p95_s"),
-            "itl_p95_s": _p95(mine, hot, "itl_p95_s"),
-            "source": "agents",
+            "ttft_p95_s": ttft,
+            "itl_p95_s": itl,
+            "source": source,
             "plan": latest_plans.get(model.pk),
         })
-    return {"rows": rows, "can_act": can(request.user, ACTION)}
+    from .whatifpage import form_context
+
+    return {"rows": rows, "can_act": can(request.user, ACTION), "whatif": form_context()}
 
 
 def _latest_plans(models) -> dict:
-    try:
-        from controlplane.planner.models import Plan
-    except ImportError:
-        return {}
     latest = {}
     for plan in Plan.objects.filter(served_model__in=models).order_by("-created")[:500]:
         latest.setdefault(plan.served_model_id, plan)
@@ -73,10 +67,6 @@ def _latest_plans(models) -> dict:
 
 
 def plans_context(request) -> dict:
-    try:
-        from controlplane.planner.models import Plan
-    except ImportError:
-        return {"page": None, "can_act": False}
     clusters = restrict(Cluster.objects.all(), request.user, READ)
     plans = Plan.objects.filter(cluster__in=clusters).select_related("cluster", "served_model")
     status = request.GET.get("status")

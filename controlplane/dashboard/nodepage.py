@@ -5,7 +5,7 @@ from __future__ import annotations
 from controlplane.accounts.roles import ACTION, can
 from controlplane.topology.models import Worker
 
-from .live import hot_for_nodes, node_history
+from .live import engine_history
 from .svg import line_chart
 from .viewmodels import NODE_FIELDS, Filters, node_cards
 
@@ -13,24 +13,23 @@ SPARK_METRICS = (
     ("kv_usage", "KV cache used", 1.0, None),
     ("ttft_p95_s", "TTFT p95", None, "ttft"),
     ("itl_p95_s", "ITL p95", None, "itl"),
-    ("tokens_per_s", "tokens/s", None, None),
+    ("generation_tokens_per_s", "generated tokens/s", None, None),
 )
 
 
 def node_context(request, node) -> dict:
     row = {field: value for field, value in zip(
         NODE_FIELDS,
-        (node.id, node.hostname, node.cluster.name, node.rack, node.status, node.last_seen),
+        (node.id, node.hostname, node.cluster_id, node.cluster.name, node.rack, node.status,
+         node.last_seen),
         strict=True,
     )}
-    hot = hot_for_nodes([node.id])
-    card = node_cards([row], Filters(), hot)[0]
-    node_hot = hot.get(node.id) or {}
-    engines_hot = node_hot.get("engines") or {}
+    card = node_cards([row], Filters())[0]
     workers = list(
         Worker.objects.filter(node=node).select_related("served_model").prefetch_related("gpus")
     )
-    history = node_history(node.id)
+    engines_hot = card.engines_hot
+    history = engine_history([(w.id, w.name) for w in workers])
     engines = []
     for w in workers:
         live = engines_hot.get(w.name) or {}

@@ -6,11 +6,12 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpResponseForbidden
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from controlplane.accounts.roles import ACTION, READ, can, restrict
 from controlplane.topology.actions import ActionError, drain_worker, resume_worker
-from controlplane.topology.models import Worker
+from controlplane.topology.models import Cluster, Worker
 
 WORKER_ACTIONS = {"drain": drain_worker, "resume": resume_worker}
 
@@ -62,3 +63,30 @@ def audit_view(request):
     from .modelspage import audit_context
 
     return render(request, "dashboard/audit.html", audit_context(request))
+
+
+@login_required
+@require_POST
+def plan_decision_view(request, pk: int, decision: str):
+    from controlplane.planner.models import Plan
+    from controlplane.planner.service import PlanError, approve_plan, reject_plan
+
+    if not can(request.user, ACTION):
+        return HttpResponseForbidden("Your role may not approve or reject plans.")
+    plan = get_object_or_404(
+        Plan.objects.filter(cluster__in=restrict(Cluster.objects.all(), request.user, READ)),
+        pk=pk,
+    )
+    handlers = {"approve": approve_plan, "reject": reject_plan}
+    if decision not in handlers:
+        messages.error(request, f"Unknown decision {decision!r}.")
+    else:
+        try:
+            handlers[decision](plan.pk, request.user)
+            messages.success(request, f"Plan #{plan.pk} {decision}d.")
+        except PlanError as exc:
+            messages.error(request, f"Plan #{plan.pk}: {exc.reason}")
+    target = request.POST.get("next", "")
+    if not url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
+        target = "dashboard:plans"
+    return redirect(target)

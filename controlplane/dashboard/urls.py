@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import pages, views
+from . import pages, views, whatifpage
 
 app_name = "dashboard"
 urlpatterns = [
@@ -10,7 +10,9 @@ urlpatterns = [
     path("nodes/<int:pk>/workers/<int:worker_pk>/<str:action>", pages.worker_action_view,
          name="worker-action"),
     path("models/", pages.models_view, name="models"),
+    path("models/whatif", whatifpage.whatif_fragment_view, name="whatif"),
     path("plans/", pages.plans_view, name="plans"),
+    path("plans/<int:pk>/<str:decision>", pages.plan_decision_view, name="plan-decision"),
     path("tables/", pages.routing_view, name="routing"),
     path("changelog/", pages.audit_view, name="audit"),
 ]

@@ -68,7 +68,7 @@ class NodeCard:
     stale: bool
     nvlink_groups: list[tuple[int | None, list[GpuTile]]] = field(default_factory=list)
     nics: list[dict] = field(default_factory=list)
-    engines: list[dict] = field(default_factory=list)
+    engines_hot: dict[str, dict] = field(default_factory=dict)  # engine name → live values
 
 
 def _fraction(used, total) -> float | None:
@@ -77,8 +77,8 @@ def _fraction(used, total) -> float | None:
     return max(0.0, min(1.0, used / total))
 
 
-def node_cards(node_rows: list[dict], filters: Filters, hot: dict[int, dict]) -> list[NodeCard]:
-    """Cards for ``node_rows`` (dicts with id, hostname, cluster__name, rack, status, last_seen)."""
+def node_cards(node_rows: list[dict], filters: Filters) -> list[NodeCard]:
+    """Cards for ``node_rows`` (dicts with the fields in NODE_FIELDS), with live values."""
     node_ids = [n["id"] for n in node_rows]
     gpus = list(
         GPU.objects.filter(node_id__in=node_ids).order_by("node_id", "index").values(
@@ -98,6 +98,10 @@ def node_cards(node_rows: list[dict], filters: Filters, hot: dict[int, dict]) ->
         worker_id__in=list(workers)
     ).values_list("worker_id", "gpu_id"):
         gpu_worker[gpu_id] = workers[worker_id]
+    hot = hot_for_nodes(
+        [(n["id"], n["cluster_id"]) for n in node_rows],
+        [(w["id"], w["node_id"]) for w in workers.values()],
+    )
     nics = defaultdict(list)
     for nic in NIC.objects.filter(node_id__in=node_ids).values(
         "node_id", "name", "line_rate_gbps", "transport", "rdma", "missing"
@@ -146,6 +150,7 @@ def node_cards(node_rows: list[dict], filters: Filters, hot: dict[int, dict]) ->
             stale=n["status"] in (NodeStatus.STALE, NodeStatus.OFFLINE)
             or bool(node_hot.get("stale")),
             nvlink_groups=sorted(groups.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)),
+            engines_hot=node_hot.get("engines") or {},
         )
         for nic in nics.get(n["id"], []):
             nic_hot = (node_hot.get("nics") or {}).get(nic["name"]) or {}
@@ -175,7 +180,7 @@ def visible_nodes(user, filters: Filters):
     return nodes.distinct()
 
 
-NODE_FIELDS = ("id", "hostname", "cluster__name", "rack", "status", "last_seen")
+NODE_FIELDS = ("id", "hostname", "cluster_id", "cluster__name", "rack", "status", "last_seen")
 
 
 def topology(user, filters: Filters) -> dict:
@@ -184,8 +189,7 @@ def topology(user, filters: Filters) -> dict:
             *NODE_FIELDS
         )
     )
-    hot = hot_for_nodes([n["id"] for n in node_rows])
-    cards = node_cards(node_rows, filters, hot)
+    cards = node_cards(node_rows, filters)
     clusters: dict[str, dict[str, list[NodeCard]]] = {}
     for card in cards:
         clusters.setdefault(card.cluster, {}).setdefault(card.rack or "—", []).append(card)

@@ -12,7 +12,6 @@ from django.template.loader import render_to_string
 from controlplane.accounts.roles import READ, restrict
 from controlplane.topology.models import Node
 
-from .live import hot_for_nodes
 from .viewmodels import NODE_FIELDS, Filters, node_cards, topology, visible_nodes
 
 
@@ -38,8 +37,7 @@ def render_node_fragments(user, filters: Filters, node_ids=None) -> str:
     nodes = visible_nodes(user, filters)
     if node_ids is not None:
         nodes = nodes.filter(id__in=node_ids)
-    rows = list(nodes.values(*NODE_FIELDS))
-    cards = node_cards(rows, filters, hot_for_nodes([r["id"] for r in rows]))
+    cards = node_cards(list(nodes.values(*NODE_FIELDS)), filters)
     return "".join(
         render_to_string("dashboard/_node_card.html", {"card": card, "oob": True})
         for card in cards

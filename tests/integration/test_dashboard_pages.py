@@ -92,3 +92,54 @@ def test_html_in_names_is_escaped(client, fleet):
     login(client, "viewer")
     html = client.get("/").content.decode()
     assert "<script>x</script>" not in html and "&lt;script&gt;" in html
+
+
+def test_whatif_form_answers_with_arithmetic_and_inline_errors(client, fleet):
+    login(client, "viewer")
+    page = client.get("/models/").content.decode()
+    assert 'id="whatif"' in page
+    answer = client.get("/models/whatif", {
+        "gpu": "RTX PRO 6000", "model": "llama-3.3-70b-fp8", "nodes": 2, "gpus_per_node": 8,
+        "nic_gbps": 100, "isl": 4000, "osl": 300, "rate_rps": 2, "ttft_slo_ms": 2500,
+        "itl_slo_ms": 50,
+    }).content.decode()
+    assert "Best:" in answer and "aggregated" in answer.lower()
+    assert "the arithmetic" in answer
+    bad = client.get("/models/whatif", {"nodes": "0", "prefix_hit": "2"}).content.decode()
+    assert 'class="errorlist"' in bad and "prefix_hit" in bad and "nodes" in bad
+
+
+def _proposed_plan():
+    from controlplane.planner.models import Plan
+    from controlplane.topology.models import ServedModel
+
+    model = ServedModel.objects.get(cluster__name="two-rtxpro-servers")
+    worker = model.workers.order_by("node__hostname", "name").first()
+    return Plan.objects.create(
+        cluster=model.cluster, served_model=model, current_layout="A8", target_layout="1P:7D",
+        explanation="transfer of a 4,000-token prompt over 100 G TCP takes 53 ms",
+        diff=[{"worker_id": worker.pk, "worker": worker.name, "node": worker.node.hostname,
+               "from_role": "both", "to_role": "prefill", "done": False}],
+        predictions={"candidates": [{"layout": "A8", "ttft_p95_s": 0.5, "itl_p95_s": 0.04,
+                                     "kv_capacity_seqs": 96, "goodput_per_gpu": 0.1,
+                                     "meets_slo": True}]},
+    )
+
+
+def test_operator_approves_a_plan_viewer_cannot(client, fleet):
+    plan = _proposed_plan()
+    login(client, "viewer")
+    page = client.get("/models/").content.decode()
+    assert "53 ms" in page and ">approve</button>" not in page
+    assert client.post(f"/plans/{plan.pk}/approve").status_code == 403
+    plan.refresh_from_db()
+    assert plan.status == "proposed"
+
+    login(client, "operator")
+    assert ">approve</button>" in client.get("/plans/").content.decode()
+    response = client.post(f"/plans/{plan.pk}/approve", {"next": "https://evil.example/"})
+    assert response.status_code == 302 and response["Location"] == "/plans/"
+    plan.refresh_from_db()
+    assert plan.status in {"approved", "applying", "applied"}
+    again = client.post(f"/plans/{plan.pk}/approve", follow=True).content.decode()
+    assert "only proposed plans can be approved" in again
