@@ -137,24 +137,24 @@ class KVBlockManager:
         free = self.free
         if count > len(free):
             return None
-        ref = self.ref
-        block_hash = self.block_hash
-        cached = self.cached
-        out = []
-        removed = []
         popitem = free.popitem
-        for _ in range(count):
-            block, _ = popitem(last=False)
-            old = block_hash[block]
-            if old is not None:
+        out = [popitem(last=False)[0] for _ in range(count)]
+        ref = self.ref
+        for block in out:
+            ref[block] = 1
+        block_hash = self.block_hash
+        evicted = [block for block in out if block_hash[block] is not None]
+        if evicted:
+            cached = self.cached
+            removed = []
+            for block in evicted:
+                old = block_hash[block]
                 block_hash[block] = None
                 if cached.get(old) == block:
                     del cached[old]
                 removed.append(old)
-            ref[block] = 1
-            out.append(block)
-        if removed and self.record_events:
-            self._emit({"type": "BlockRemoved", "block_hashes": removed, "medium": "GPU"})
+            if self.record_events:
+                self._emit({"type": "BlockRemoved", "block_hashes": removed, "medium": "GPU"})
         return out
 
     def release(self, blocks: Sequence[int]) -> None:

@@ -293,6 +293,14 @@ class SimEngine:
             self.release_held(rid)
         return stale
 
+    def held_blocks(self, request_id: str) -> list[int] | None:
+        """Block ids a prefill-side request holds for the decode side (None if not held);
+        what vLLM returns as ``remote_block_ids``."""
+        seq = self._seqs.get(request_id)
+        if seq is None or seq.status != HELD:
+            return None
+        return list(seq.blocks)
+
     def has_request(self, request_id: str) -> bool:
         return request_id in self._seqs
 
