@@ -250,7 +250,10 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
-    "ENUM_NAME_OVERRIDES": {"RoleEnum": "controlplane.topology.choices.Role"},
+    "ENUM_NAME_OVERRIDES": {
+        "RoleEnum": "controlplane.topology.choices.Role",
+        "SeverityEnum": "controlplane.alerts.models.Severity",
+    },
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
 }
 

@@ -52,7 +52,7 @@ class EndpointForm(forms.ModelForm):
     def clean_url(self):
         url = self.cleaned_data["url"]
         try:
-            ssrf.check_url(url, load().allow)
+            ssrf.check_url_static(url, load().allow)
         except ssrf.UnsafeTarget as exc:
             raise forms.ValidationError(str(exc)) from None
         return url

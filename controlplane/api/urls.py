@@ -2,6 +2,8 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
+from controlplane.alerts.api import register as register_alert_resources
+
 from . import views
 
 app_name = "api"
@@ -18,6 +20,7 @@ router.register("gateways", views.GatewayViewSet)
 router.register("policies", views.PolicyViewSet)
 router.register("audit", views.ChangeRecordViewSet)
 router.register("tokens", views.APITokenViewSet)
+register_alert_resources(router)  # alerts, rules, silences, webhook endpoints/deliveries
 
 urlpatterns = [
     path("v1/", include(router.urls)),

@@ -190,3 +190,11 @@ def test_malformed_urls_refused(url):
 def test_allow_list_rejects_junk():
     with pytest.raises(ValueError):
         ssrf.parse_allow_list(["http://x/"])
+
+
+def test_static_check_needs_no_dns():
+    ssrf.check_url_static("https://hooks.example.com/x", ssrf.AllowList())  # not resolved
+    for url in ("http://127.0.0.1/", "http://localhost:8080/", "http://[::1]/", "http://10.1.1.1/"):
+        with pytest.raises(ssrf.UnsafeTarget):
+            ssrf.check_url_static(url, ssrf.AllowList())
+    ssrf.check_url_static("http://127.0.0.1/", ssrf.parse_allow_list(["127.0.0.1"]))
