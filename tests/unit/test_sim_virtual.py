@@ -165,3 +165,16 @@ def test_decode_bursts_match_step_by_step():
         assert a.ttft == pytest.approx(b.ttft, abs=1e-9)
         assert a.itls == pytest.approx(b.itls, abs=1e-9)
     assert slow.engine_stats["e2"].generation_tokens == fast.engine_stats["e2"].generation_tokens
+
+
+def test_link_model_defaults_come_from_hardware():
+    model = LinkModel()
+    h200 = EngineSpec("a", MODEL, "H200")
+    l40s = EngineSpec("b", "llama-3.1-8b", "L40S")
+    assert model.between(FleetEngine(h200, "n", "g"), FleetEngine(h200, "n", "g")).kind == "nvlink"
+    pcie = model.between(FleetEngine(h200, "n", None), FleetEngine(l40s, "n", None))
+    assert pcie.label == "PCIe Gen4 x16"  # the slower end
+    assert model.between(FleetEngine(l40s, "n", "g"), FleetEngine(l40s, "n", "g")).kind == "pcie"
+    assert LinkModel.lanes(links.nic(400), 4, 4) == 1
+    assert LinkModel.lanes(links.nvlink(), 4, 2) == 2
+    assert all(e.nvlink_group is None for e in uniform_fleet(2, "llama-3.1-8b", "L40S"))

@@ -34,6 +34,7 @@ from .engine import (
     SimRequest,
 )
 from .links import LinkProfile
+from .profiles import get_hardware
 from .report import Summary, summarize
 from .workload import PromptFactory, Workload, WorkloadRequest
 
@@ -162,7 +163,11 @@ class FleetResult:
 
 class LinkModel:
     """The link between two engines: NVLink in the same group, PCIe on the same node, else
-    the NIC (per node, slower end wins)."""
+    the NIC (per node; the slower end wins).
+
+    ``nvlink`` and ``pcie`` default to what the engines' hardware profile says (NVLink
+    bandwidth, PCIe generation and width; the slower of the two ends); ``nic`` to 400 G RDMA.
+    """
 
     def __init__(
         self,
@@ -171,23 +176,38 @@ class LinkModel:
         nic: LinkProfile | None = None,
         node_nics: dict[str, LinkProfile] | None = None,
     ) -> None:
-        self.nvlink = nvlink or linkmod.nvlink()
-        self.pcie = pcie or linkmod.pcie(5, 16)
+        self.nvlink = nvlink
+        self.pcie = pcie
         self.nic = nic or linkmod.nic(400, rdma=True)
         self.node_nics = node_nics or {}
 
     def between(self, a: FleetEngine, b: FleetEngine) -> LinkProfile:
         if a is b:
             return linkmod.LOCAL
+        hw_a, hw_b = a.spec.hardware, b.spec.hardware
         if a.node == b.node:
             if a.nvlink_group is not None and a.nvlink_group == b.nvlink_group:
-                return self.nvlink
-            return self.pcie
+                if self.nvlink is not None:
+                    return self.nvlink
+                if hw_a.nvlink_gbs and hw_b.nvlink_gbs:
+                    return linkmod.nvlink(min(hw_a.nvlink_gbs, hw_b.nvlink_gbs))
+            if self.pcie is not None:
+                return self.pcie
+            return linkmod.pcie(
+                min(hw_a.pcie_generation, hw_b.pcie_generation),
+                min(hw_a.pcie_width, hw_b.pcie_width),
+            )
         nic_a = self.node_nics.get(a.node, self.nic)
         nic_b = self.node_nics.get(b.node, self.nic)
         return nic_a if nic_a.bandwidth_gbs * nic_a.efficiency <= (
             nic_b.bandwidth_gbs * nic_b.efficiency
         ) else nic_b
+
+    @staticmethod
+    def lanes(link: LinkProfile, tp_a: int, tp_b: int) -> int:
+        """Parallel paths for a TP-sharded KV: one per rank over NVLink and PCIe; a node's
+        NIC is one path (as the real-time server assumes)."""
+        return min(tp_a, tp_b) if link.kind in ("nvlink", "pcie") else 1
 
 
 class _Member:
@@ -676,7 +696,8 @@ class VirtualFleet:
                 spec_d = decode.fleet_engine.spec
                 link = self.links.between(member.fleet_engine, decode.fleet_engine)
                 seconds = link.transfer_seconds(
-                    moved * spec_p.model.kv_bytes_per_token, lanes=min(spec_p.tp, spec_d.tp)
+                    moved * spec_p.model.kv_bytes_per_token,
+                    lanes=self.links.lanes(link, spec_p.tp, spec_d.tp),
                 )
                 result.transferred_tokens = moved
                 result.transfer_seconds = seconds
@@ -763,8 +784,12 @@ def uniform_fleet(
     **spec_overrides,
 ) -> list[FleetEngine]:
     """``num_engines`` identical engines packed onto nodes of ``gpus_per_node`` GPUs, NVLink
-    groups of ``nvlink_group_size`` GPUs (None: no NVLink); ``roles`` per engine (default
-    all ``both``)."""
+    groups of ``nvlink_group_size`` GPUs (None, or a GPU without NVLink: no groups); ``roles``
+    per engine (default all ``both``)."""
+    if roles is not None and len(roles) != num_engines:
+        raise ValueError(f"{len(roles)} roles for {num_engines} engines")
+    if not get_hardware(hardware).nvlink_gbs:
+        nvlink_group_size = None
     engines = []
     for index in range(num_engines):
         first_gpu = index * tp
