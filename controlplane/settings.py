@@ -283,4 +283,5 @@ CELERY_BEAT_SCHEDULE["alerts-sweep-deliveries"] = {
     "task": "alerts.sweep_deliveries",
     "schedule": 5.0,
 }
+CELERY_BEAT_SCHEDULE["alerts-prune"] = {"task": "alerts.prune", "schedule": 3600.0}
 CELERY_BEAT_SCHEDULE["routing-reconcile"] = {"task": "routing.reconcile_routing", "schedule": 15.0}

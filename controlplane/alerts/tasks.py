@@ -65,3 +65,29 @@ def send_test(endpoint_id: int) -> str:
         return "missing"
     with _actor("alerts"):
         return do_send_test(endpoint).status
+
+
+@shared_task(name="alerts.prune", ignore_result=True)
+def prune() -> dict:
+    """Forget finished deliveries (with their attempts) and closed alerts older than
+    ``ALERTS_RETENTION_DAYS`` (default 30)."""
+    import os
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from controlplane.core import envconfig as ec
+
+    from .models import Alert, Delivery, DeliveryStatus
+
+    days = ec.env_int(os.environ, "ALERTS_RETENTION_DAYS", 30, minimum=1)
+    cutoff = timezone.now() - timedelta(days=days)
+    _, deleted = Delivery.objects.filter(
+        created__lt=cutoff,
+        status__in=[DeliveryStatus.DELIVERED, DeliveryStatus.FAILED, DeliveryStatus.CANCELLED],
+    ).delete()
+    _, deleted_alerts = Alert.objects.filter(is_open=False, ends_at__lt=cutoff).delete()
+    return {
+        "deliveries": deleted.get("alerts.Delivery", 0),
+        "alerts": deleted_alerts.get("alerts.Alert", 0),
+    }

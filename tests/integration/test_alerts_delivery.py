@@ -291,3 +291,47 @@ def test_filters_and_silence(tmp_path):
         nodes2 = [a["labels"]["node"] for r in rx2.delivered() for a in r["body"]["alerts"]]
     assert nodes1 == ["a", "a"]  # firing then resolved, the silenced node never
     assert nodes2 == ["a", "a"]
+
+
+def test_concurrent_sweepers_never_send_twice(tmp_path):
+    """Four sweepers race over 24 due deliveries: the conditional UPDATE gives each
+    message to exactly one of them."""
+    import threading
+
+    from django.db import connection
+
+    ep = make_endpoint("http://placeholder.invalid/")
+    with running_receiver(tmp_path, ep.secret) as rx:
+        ep.url = rx.url
+        ep.save()
+        rx.control(delay_s=0.02)
+        Delivery.objects.bulk_create(
+            Delivery(
+                endpoint=ep,
+                event_type="alerts.notification",
+                payload={"n": i},
+                next_attempt_at=timezone.now(),
+            )
+            for i in range(24)
+        )
+        errors = []
+
+        def sweeper(name):
+            try:
+                outbox.sweep(worker=name, time_budget_s=20)
+            except Exception as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+            finally:
+                connection.close()
+
+        threads = [threading.Thread(target=sweeper, args=(f"w{i}",)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not errors
+        ids = [r["id"] for r in rx.requests()]
+    assert len(ids) == 24 and len(set(ids)) == 24
+    workers = set(Delivery.objects.values_list("attempt_log__worker", flat=True))
+    assert len(workers) > 1  # the work really was shared
+    assert set(Delivery.objects.values_list("status", flat=True)) == {DeliveryStatus.DELIVERED}

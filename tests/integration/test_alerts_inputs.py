@@ -190,3 +190,16 @@ def test_evaluate_task_raises_alerts_with_labels(hot_prefix):
         "model": "llama",
         "worker": "e0",
     }
+
+
+def test_prune_forgets_old_finished_work_only():
+    from controlplane.alerts.models import Delivery, WebhookEndpoint
+    from controlplane.alerts.tasks import prune
+
+    ep = WebhookEndpoint.objects.create(name="e", url="https://example.com/")
+    old = timezone.now() - timedelta(days=40)
+    done = Delivery.objects.create(endpoint=ep, event_type="x", payload={}, status="delivered")
+    waiting = Delivery.objects.create(endpoint=ep, event_type="x", payload={}, status="pending")
+    Delivery.objects.filter(pk__in=[done.pk, waiting.pk]).update(created=old)
+    assert prune()["deliveries"] == 1
+    assert list(Delivery.objects.values_list("pk", flat=True)) == [waiting.pk]
