@@ -272,3 +272,18 @@ def test_hold_for_remote_decode_and_release():
     assert first.first_token and first.num_external_tokens == 999
     assert outputs[0][0] >= 0.05
     assert decode.stats().prompt_tokens_external == 999
+
+
+def test_generated_blocks_are_cached_for_the_next_turn():
+    engine = make_engine()
+    first = random_tokens(11, 100)
+    engine.submit(SimRequest("t1", first, 40, 0.0))
+    now, outputs, _ = run(engine)
+    answer = [i for _, o in outputs for i in o.new_token_ids]
+    follow_up = first + answer + random_tokens(12, 50)
+    engine.submit(SimRequest("t2", follow_up, 2, now))
+    _, outputs, _ = run(engine, now)
+    # KV existed for 100 + 39 tokens (the last sampled token is never computed): 8 blocks.
+    assert outputs[0][1].num_cached_tokens == 128
+    stored = [e for e in engine.drain_kv_events() if e["type"] == "BlockStored"]
+    assert chain_hashes(follow_up, 16)[:8] == [h for e in stored for h in e["block_hashes"]][:8]

@@ -14,7 +14,7 @@ from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field
 
 from . import tokens as tok
-from .blocks import KVBlockManager, chain_hashes
+from .blocks import KVBlockManager, chain_hashes, hash_block
 from .profiles import HardwareProfile, ModelProfile, get_hardware, get_model
 from .scheduler import (
     ABORTED,
@@ -242,6 +242,10 @@ class SimEngine:
             raise RequestRejectedError("the prompt is empty")
         if len(hashes) != num_prompt // self.block_size:
             raise RequestRejectedError("block_hashes do not match the prompt length")
+        if token_ids is not None:
+            # Private copies: generated tokens (and their block hashes) are appended.
+            token_ids = list(token_ids)
+            hashes = list(hashes)
         max_tokens = 1 if req.hold_for_remote_decode else req.max_tokens
         needed = -(-(num_prompt + max_tokens) // self.block_size)
         if needed > self.num_gpu_blocks:
@@ -364,6 +368,7 @@ class SimEngine:
         for seq in running:
             if (
                 seq.num_output == 0
+                or seq.token_ids is not None  # token-level mode: step by step
                 or seq.ready_at > now
                 or seq.num_computed != seq.num_prompt + seq.num_output - 1
             ):
@@ -427,16 +432,27 @@ class SimEngine:
             if seq.status != RUNNING:
                 continue  # aborted while the step ran
             seq.num_computed += num_new
-            if caching and seq.num_registered < len(seq.hashes):
-                full = min(seq.num_computed // bs, len(seq.hashes))
+            if caching:
+                full = seq.num_computed // bs
                 if full > seq.num_registered:
-                    kv.cache_full_blocks(
-                        seq.blocks, seq.hashes, seq.num_registered, full, seq.token_ids
-                    )
-                    seq.num_registered = full
+                    hashes = seq.hashes
+                    ids = seq.token_ids
+                    if full > len(hashes) and ids is not None:
+                        # Blocks that hold generated tokens are cached too (vLLM does), so
+                        # a follow-up turn that repeats the answer hits them.
+                        parent = hashes[-1] if hashes else None
+                        for index in range(len(hashes), full):
+                            parent = hash_block(parent, ids[index * bs : (index + 1) * bs])
+                            hashes.append(parent)
+                    end = min(full, len(hashes))
+                    if end > seq.num_registered:
+                        kv.cache_full_blocks(seq.blocks, hashes, seq.num_registered, end, ids)
+                        seq.num_registered = end
             if seq.num_computed < seq.num_prompt + seq.num_output:
                 continue  # a prefill chunk that does not finish the prompt
             token = generated_token(seq.seed, seq.num_output)
+            if seq.token_ids is not None:
+                seq.token_ids.append(token)
             seq.num_output += 1
             self._generation_tokens += 1
             first = seq.num_output == 1
