@@ -36,8 +36,8 @@ class RequestRejectedError(ValueError):
 @dataclass
 class EngineSpec:
     engine_id: str
-    model: ModelProfile
-    hardware: HardwareProfile
+    model: ModelProfile | str  # a profile or its name/alias (converted in __post_init__)
+    hardware: HardwareProfile | str
     tp: int = 1
     block_size: int = 16
     num_gpu_blocks: int | None = None  # None: derive from GPU memory − weights − overhead

@@ -13,6 +13,17 @@ switches once its in-flight work of the old kind is done.
 
 Every engine step is one event; idle engines cost nothing, so 10,000 requests replay in
 seconds of wall time.
+
+    workload = load_mooncake(path)                      # or synthetic(...), load_azure(...)
+    engines = uniform_fleet(8, "llama-3.3-70b-fp8", "H200", roles=["prefill"] * 2 + ["decode"] * 6)
+    fleet = VirtualFleet(engines, LinkModel(nic=links.nic(400)), router=KVAwareRouter(),
+                         controller=my_planner, control_interval_s=10)
+    result = fleet.run(workload)
+    print(result.summary(slo_ttft_ms=1000, slo_itl_ms=50).lines())
+
+``controller(now, snapshot)`` gets a :class:`FleetSnapshot` (per-engine stats, roles, states,
+in-flight work, and the requests finished since its previous call) and returns
+:class:`RoleChange` objects.
 """
 
 from __future__ import annotations
