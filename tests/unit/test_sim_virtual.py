@@ -103,6 +103,7 @@ def test_role_change_drains_before_switching():
     assert (record.engine_id, record.old_role, record.new_role) == ("e0", "prefill", "decode")
     # It finished the prefills it had, so it switched after the request, not at once.
     assert record.completed_at is not None and record.completed_at > record.requested_at
+    assert record.outcome == "done"
     assert fleet.member("e0").role == "decode"
     late_prefills = [
         r for r in result.results

@@ -149,6 +149,7 @@ class RoleChangeRecord:
     requested_at: float
     completed_at: float | None = None
     reason: str = ""
+    outcome: str = "pending"  # "done", "cancelled" (back to the old role), "superseded"
 
 
 @dataclass
@@ -473,10 +474,15 @@ class VirtualFleet:
             member.state == ACTIVE or member.pending_role == target
         ):
             return
-        if member.state == DRAINING and target == member.role:
-            # Cancelled before it completed: back to the old role at once.
-            member.state, member.pending_role = ACTIVE, None
-            return
+        if member.state == DRAINING:
+            pending = self._pending_record(member)
+            if pending is not None:
+                pending.outcome = "cancelled" if target == member.role else "superseded"
+                pending.completed_at = self.now
+            if target == member.role:
+                # Cancelled before it completed: back to the old role at once.
+                member.state, member.pending_role = ACTIVE, None
+                return
         self.role_changes.append(
             RoleChangeRecord(member.engine_id, member.role, target, self.now, reason=change.reason)
         )
@@ -493,10 +499,16 @@ class VirtualFleet:
         if busy:
             return
         member.role, member.state, member.pending_role = member.pending_role, ACTIVE, None
+        record = self._pending_record(member)
+        if record is not None:
+            record.completed_at = self.now
+            record.outcome = "done"
+
+    def _pending_record(self, member: _Member) -> RoleChangeRecord | None:
         for record in reversed(self.role_changes):
-            if record.engine_id == member.engine_id and record.completed_at is None:
-                record.completed_at = self.now
-                break
+            if record.engine_id == member.engine_id:
+                return record if record.outcome == "pending" else None
+        return None
 
     # -- the event loop -----------------------------------------------------------------------
 
