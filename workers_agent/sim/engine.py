@@ -314,6 +314,12 @@ class SimEngine:
         return bool(self.scheduler.waiting or self.scheduler.running)
 
     def next_step(self, now: float) -> Step | None:
+        """Plan the next iteration at ``now``. None: nothing can run (idle, or every queued
+        request waits for blocks that only a finish, abort or ``release_held`` frees — call
+        again after those). A step with ``idle=True`` means only P/D transfers are in flight:
+        wait up to ``duration`` (or less, if new work arrives) and plan again; finishing an
+        idle step is optional and does nothing. Otherwise call :meth:`finish_step` after
+        ``duration`` seconds, before planning the next step."""
         if self._pending is not None:
             raise RuntimeError("finish_step() the previous step first")
         sched = self.scheduler
