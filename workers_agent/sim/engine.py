@@ -388,7 +388,7 @@ class SimEngine:
         t = now
         for _ in range(remaining):
             t += decode_seconds(batch, context)
-            if t > horizon:
+            if t >= horizon:  # strictly before: ties go to the step-by-step path
                 break
             times.append(t)
             context += batch
