@@ -115,8 +115,9 @@ def claim_next_due(worker: str, *, now: datetime) -> int | None:
     return None
 
 
-def reclaim_expired(*, now: datetime, lease_s: float) -> int:
-    """Claims older than the lease: their worker died mid-send. Put them back."""
+def reclaim_expired(*, now: datetime, lease_s: float, max_attempts: int | None = None) -> int:
+    """Claims older than the lease: their worker died mid-send. Put them back — unless the
+    attempts are used up (a message that kills every worker must not loop forever)."""
     cutoff = now - timedelta(seconds=lease_s)
     stale = list(
         Delivery.objects.filter(
@@ -125,11 +126,14 @@ def reclaim_expired(*, now: datetime, lease_s: float) -> int:
     )
     count = 0
     for pk, claimed_by, claimed_at, attempts in stale:
-        if Delivery.objects.filter(
-            pk=pk, status=DeliveryStatus.SENDING, claimed_by=claimed_by
-        ).update(
-            status=DeliveryStatus.PENDING, claimed_by="", claimed_at=None, next_attempt_at=now
-        ):
+        exhausted = max_attempts is not None and attempts >= max_attempts
+        after = (
+            {"status": DeliveryStatus.FAILED, "next_attempt_at": None}
+            if exhausted
+            else {"status": DeliveryStatus.PENDING, "next_attempt_at": now}
+        )
+        mine = Delivery.objects.filter(pk=pk, status=DeliveryStatus.SENDING, claimed_by=claimed_by)
+        if mine.update(claimed_by="", claimed_at=None, **after):
             count += 1
             DeliveryAttempt.objects.create(
                 delivery_id=pk,
@@ -138,8 +142,9 @@ def reclaim_expired(*, now: datetime, lease_s: float) -> int:
                 worker=claimed_by,
                 latency_ms=(now - claimed_at).total_seconds() * 1000,
                 error=f"claim by {claimed_by} expired after {lease_s:.0f} s "
-                "(worker stopped mid-delivery); sending again",
-                outcome="lost",
+                "(worker stopped mid-delivery); "
+                + ("attempts used up" if exhausted else "sending again"),
+                outcome="failed" if exhausted else "lost",
             )
             log.warning("webhook delivery %s: reclaimed from %s", pk, claimed_by)
     return count
@@ -259,7 +264,9 @@ def sweep(
     conf = conf or load()
     worker = worker or worker_identity()
     counts: dict[str, int] = {
-        "reclaimed": reclaim_expired(now=timezone.now(), lease_s=conf.lease_s)
+        "reclaimed": reclaim_expired(
+            now=timezone.now(), lease_s=conf.lease_s, max_attempts=len(conf.retry_schedule_s)
+        )
     }
     deadline = time.monotonic() + time_budget_s
     for _ in range(conf.sweep_batch):

@@ -335,3 +335,33 @@ def test_concurrent_sweepers_never_send_twice(tmp_path):
     workers = set(Delivery.objects.values_list("attempt_log__worker", flat=True))
     assert len(workers) > 1  # the work really was shared
     assert set(Delivery.objects.values_list("status", flat=True)) == {DeliveryStatus.DELIVERED}
+
+
+def test_expired_claim_is_resent_and_a_poison_message_gives_up(tmp_path):
+    from datetime import timedelta
+
+    ep = make_endpoint("http://placeholder.invalid/")
+    with running_receiver(tmp_path, ep.secret) as rx:
+        ep.url = rx.url
+        ep.save()
+        long_ago = timezone.now() - timedelta(seconds=FAST_SETTINGS["ALERTS_CLAIM_LEASE_S"] + 5)
+        common = dict(
+            endpoint=ep,
+            event_type="alerts.notification",
+            payload={},
+            status=DeliveryStatus.SENDING,
+            claimed_by="dead-worker",
+            claimed_at=long_ago,
+        )
+        lost = Delivery.objects.create(**common, attempts=1)
+        poison = Delivery.objects.create(
+            **common, attempts=len(FAST_SETTINGS["ALERTS_RETRY_SCHEDULE"])
+        )
+        counts = outbox.sweep()
+        assert counts["reclaimed"] == 2
+        lost.refresh_from_db()
+        poison.refresh_from_db()
+        assert lost.status == DeliveryStatus.DELIVERED
+        assert [a.outcome for a in lost.attempt_log.all()] == ["lost", "delivered"]
+        assert poison.status == DeliveryStatus.FAILED
+        assert [r["id"] for r in rx.requests()] == [lost.webhook_id]
