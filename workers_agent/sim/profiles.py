@@ -8,8 +8,10 @@ Sources (see ../shared/reference/CALIBRATION.md, which cites them):
   estimates (vLLM backend, BF16): Llama 3.1 8B TP1 prefill 2k/8k/32k and decode at 2k
   context for batch 1/16/64/256, Llama 3.1 70B TP4 prefill 2k/8k and decode b1/b32/b128.
   ``tests/unit/test_sim_timing.py`` keeps the model within ±25% of every one of those figures.
-- Splitwise (Llama-2-70B FP16, 8×H100 TP8: token step ~30 ms at batch 1, ~50 ms at 64) is a
-  sanity check of the TP overhead; it is not fitted.
+- Splitwise's 2023 measurements (Llama-2-70B FP16, 8×H100 TP8: prompt 512/2k/8k → 54/137/
+  845 ms, token step ~30 ms at batch 1, ~50 ms at 64) are not fitted: this model predicts
+  25/90/366 ms and 9.5/11.8 ms for that setup, 2–3× faster, as current kernels (the
+  AIConfigurator rows) are. Treat TP8 figures as optimistic.
 - GPUs without calibration rows (H200 NVL, RTX PRO 6000, L40S, L4) use the datasheet peaks
   with the H100's fitted efficiencies, lowered where the part is PCIe-only or clocked lower:
   these are estimates, stated as such.
