@@ -12,7 +12,7 @@ import logging
 
 from django.core.exceptions import PermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import DatabaseError, IntegrityError
+from django.db import DataError, IntegrityError
 from django.http import Http404, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -75,8 +75,9 @@ def exception_handler(exc, context):
         # Serializers validate uniqueness; this is the race between two writers.
         log.info("integrity error turned into 409: %s", exc)
         exc = Conflict("The change conflicts with another object (uniqueness or reference).")
-    elif isinstance(exc, DatabaseError):
-        log.warning("database error on bad input turned into 400: %s", exc)
+    elif isinstance(exc, DataError):
+        # A value the serializers let through but the database refuses (range, encoding).
+        log.warning("data error on bad input turned into 400: %s", exc)
         exc = exceptions.ValidationError({"non_field_errors": ["The database rejected a value."]})
     elif isinstance(exc, Http404):
         exc = exceptions.NotFound()

@@ -13,6 +13,7 @@ from rest_framework.fields import get_error_detail
 from controlplane.accounts.models import APIToken
 from controlplane.audit.models import ChangeRecord
 from controlplane.policies.models import Policy
+from controlplane.topology.choices import Role
 from controlplane.topology.models import (
     GPU,
     NIC,
@@ -132,6 +133,9 @@ class WorkerSerializer(ModelCleanSerializer):
     served_model = NestedRef(queryset=ServedModel.objects.all())
     node = NestedRef(queryset=Node.objects.all())
     gpus = NestedRef(queryset=GPU.objects.select_related("node"), many=True, required=False)
+    observed_role = serializers.ChoiceField(
+        choices=[("", "Not reported yet"), *Role.choices], read_only=True
+    )
 
     class Meta:
         model = Worker
