@@ -250,9 +250,6 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
-    "ENUM_NAME_OVERRIDES": {"RoleEnum": "controlplane.topology.choices.Role"},
-    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
-    "COMPONENT_SPLIT_REQUEST": True,
     "ENUM_NAME_OVERRIDES": {
         "RoleEnum": "controlplane.topology.choices.Role",
         "SeverityEnum": "controlplane.alerts.models.Severity",
