@@ -179,3 +179,22 @@ def test_link_model_defaults_come_from_hardware():
     assert LinkModel.lanes(links.nic(400), 4, 4) == 1
     assert LinkModel.lanes(links.nvlink(), 4, 2) == 2
     assert all(e.nvlink_group is None for e in uniform_fleet(2, "llama-3.1-8b", "L40S"))
+
+
+def test_nic_transfers_queue_behind_each_other():
+    workload = chat(num=30, rate=50.0, isl=4000, osl=5, fraction=0.0)
+    slow_nic = links.nic(25, rdma=False)
+    one = links.nic(25, rdma=False).transfer_seconds(4000 * 160 * 1024)
+
+    def fleet(contention):
+        engines = [
+            FleetEngine(EngineSpec(f"p{i}", MODEL, "H200"), "n1", None, "prefill")
+            for i in range(4)
+        ] + [FleetEngine(EngineSpec("d", MODEL, "H200"), "n2", None, "decode")]
+        return VirtualFleet(engines, LinkModel(nic=slow_nic), nic_contention=contention)
+
+    queued = fleet(True).run(workload).results
+    free = fleet(False).run(workload).results
+    assert max(r.transfer_seconds for r in free) == pytest.approx(one)
+    assert max(r.transfer_seconds for r in queued) > 3 * one
+    assert all(r.error is None for r in queued)

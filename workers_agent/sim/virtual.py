@@ -383,6 +383,7 @@ class VirtualFleet:
         control_interval_s: float = 5.0,
         held_timeout_s: float = 480.0,
         decode_bursts: bool = True,
+        nic_contention: bool = True,
     ) -> None:
         self.members: dict[str, _Member] = {}
         for fleet_engine in engines:
@@ -408,6 +409,10 @@ class VirtualFleet:
         # Pure-decode stretches that nothing can interrupt run as one event (exact same
         # timings as step by step; see SimEngine.decode_burst). Off: one event per step.
         self.decode_bursts = decode_bursts
+        # KV transfers between nodes share each node's NIC, one after another; NVLink and
+        # PCIe transfers are not queued (per-GPU links).
+        self.nic_contention = nic_contention
+        self._nic_free: dict[str, float] = {}
         self._next_arrival = float("inf")
         self._next_control = float("inf")
         self._last_activity = 0.0
@@ -722,6 +727,12 @@ class VirtualFleet:
                     moved * spec_p.model.kv_bytes_per_token,
                     lanes=self.links.lanes(link, spec_p.tp, spec_d.tp),
                 )
+                if self.nic_contention and link.kind in ("rdma", "tcp") and seconds > 0:
+                    # Transfers through a node's NIC queue behind each other (FIFO).
+                    src, dst = member.node, decode.node
+                    start = max(now, self._nic_free.get(src, 0.0), self._nic_free.get(dst, 0.0))
+                    self._nic_free[src] = self._nic_free[dst] = start + seconds
+                    seconds = start + seconds - now
                 result.transferred_tokens = moved
                 result.transfer_seconds = seconds
                 self._submit(decode, SimRequest(
