@@ -17,6 +17,7 @@ from workers_agent.sim.virtual import (
     RoleChange,
     RoundRobinRouter,
     VirtualFleet,
+    cluster_fleet,
     uniform_fleet,
 )
 from workers_agent.sim.workload import synthetic
@@ -198,3 +199,19 @@ def test_nic_transfers_queue_behind_each_other():
     assert max(r.transfer_seconds for r in free) == pytest.approx(one)
     assert max(r.transfer_seconds for r in queued) > 3 * one
     assert all(r.error is None for r in queued)
+
+
+def test_cluster_fleet_from_scenarios(shared_dir):
+    import json
+
+    clusters = json.loads((shared_dir / "data" / "scenarios.json").read_text())["clusters"]
+    engines, link_model = cluster_fleet(clusters["four-h200nvl-servers"], MODEL)
+    assert len(engines) == 32 and engines[0].spec.hardware.name == "H200 NVL"
+    assert engines[0].nvlink_group == engines[3].nvlink_group != engines[4].nvlink_group
+    assert link_model.between(engines[0], engines[8]).label == "400G RDMA"
+    engines, link_model = cluster_fleet(clusters["two-rtxpro-servers"], MODEL, tp=2)
+    assert len(engines) == 8 and all(e.nvlink_group is None for e in engines)
+    assert link_model.between(engines[0], engines[1]).kind == "pcie"
+    assert link_model.between(engines[0], engines[4]).label == "100G TCP"
+    with pytest.raises(ValueError):
+        cluster_fleet(clusters["l40s-small"], MODEL, tp=3)

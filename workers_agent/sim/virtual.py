@@ -836,3 +836,32 @@ def uniform_fleet(
         spec = EngineSpec(f"e{index}", model, hardware, tp=tp, **spec_overrides)
         engines.append(FleetEngine(spec, node, group, role))
     return engines
+
+
+def cluster_fleet(
+    cluster: dict,
+    model: str,
+    tp: int = 1,
+    roles: list[str] | None = None,
+    **spec_overrides,
+) -> tuple[list[FleetEngine], LinkModel]:
+    """Engines and links for a ``clusters`` entry of scenarios.json: ``nodes`` ×
+    ``gpus_per_node`` ``gpu``s, NVLink groups of ``nvlink_groups_of`` (none when ``nvlink`` is
+    false), one engine per ``tp`` GPUs, nodes joined by ``nic_gbps`` NICs (RDMA or TCP)."""
+    try:
+        nodes = int(cluster["nodes"])
+        per_node = int(cluster["gpus_per_node"])
+        gpu = str(cluster["gpu"])
+        nic_gbps = float(cluster["nic_gbps"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"cluster needs nodes, gpus_per_node, gpu, nic_gbps: {exc!r}") from exc
+    if tp < 1 or per_node % tp:
+        raise ValueError(f"tp {tp} must divide gpus_per_node {per_node}")
+    group = None
+    if cluster.get("nvlink", True):
+        group = int(cluster.get("nvlink_groups_of", per_node))
+    engines = uniform_fleet(
+        nodes * per_node // tp, model, gpu, tp=tp, gpus_per_node=per_node,
+        nvlink_group_size=group, roles=roles, **spec_overrides,
+    )
+    return engines, LinkModel(nic=linkmod.nic(nic_gbps, rdma=bool(cluster.get("rdma", False))))
