@@ -32,10 +32,21 @@ from controlplane.planner.costmodel import (  # noqa: E402
     ModelSpec,
     WorkerShape,
     gpu_profile_for,
-    prefill_time_s,
 )
-from controlplane.planner.placement import NicInput, NodeLinks, WorkerInput, place  # noqa: E402
-from controlplane.planner.planner import LoadInput, ModelInput, plan_model  # noqa: E402
+from controlplane.planner.placement import (  # noqa: E402
+    NicInput,
+    NodeLinks,
+    Topology,
+    WorkerInput,
+    place,
+)
+from controlplane.planner.planner import (  # noqa: E402
+    LoadInput,
+    ModelInput,
+    plan_model,
+    predict,
+    workload_for,
+)
 from controlplane.policies.effective import EffectivePolicy  # noqa: E402
 from workers_agent.sim import links as simlinks  # noqa: E402
 from workers_agent.sim.report import summarize  # noqa: E402
@@ -206,12 +217,31 @@ def _layout(roles):
 
 
 def fleet_rate(cluster: dict, scenario: dict, share: float) -> float:
-    """A request rate that keeps the fleet's prefill compute ``share`` busy when aggregated."""
-    n = cluster["nodes"] * cluster["gpus_per_node"] // cluster["tp"]
-    isl = scenario["isl"]
-    u = isl * (1 - scenario.get("shared_prefix_fraction", 0.0))
-    t = prefill_time_s(MODEL, shape(cluster).gpu, cluster["tp"], u, isl - u)
-    return share * n / t
+    """The operating point: ``share`` of the highest rate at which the cost model expects
+    some layout (aggregated or any split) to keep ≥ 90 % of requests within both targets.
+    (A fixed share of prefill capacity left decode-heavy workloads with no working layout
+    at all, which tells nothing.)"""
+    engines = sim_engines(cluster)
+    workers, links = planner_topology(cluster, engines)
+    topo = Topology(workers, links)
+    pol = EffectivePolicy(ttft_p95_ms=scenario["slo"]["ttft_ms"],
+                          itl_p95_ms=scenario["slo"]["itl_ms"])
+    hit = scenario.get("shared_prefix_fraction", 0.0)
+
+    def works(rate: float) -> bool:
+        load = LoadInput(rate, rate, scenario["isl"], None, scenario["osl"], hit)
+        inp = ModelInput(1, MODEL, shape(cluster), tuple(workers), load, pol, links)
+        w = workload_for(load, pol, rate)
+        return any(predict(inp, p, w, topo).attainment >= 0.9 for p in range(len(workers)))
+
+    lo, hi = 0.0, 1.0
+    while works(hi) and hi < 1e4:
+        lo, hi = hi, hi * 2
+    for _ in range(20):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if works(mid) else (lo, mid)
+    # No layout works at any rate (e.g. 32k prompts of a 70B model on one card): 0.2 req/s.
+    return lo * share if lo > 0.05 else 0.2
 
 
 def make_workload(cluster: dict, name: str, duration_s: float):
@@ -221,7 +251,7 @@ def make_workload(cluster: dict, name: str, duration_s: float):
     data = json.loads((SHARED / "data" / "scenarios.json").read_text())
     if name in data["workloads"]:
         sc = data["workloads"][name]
-        rate = sc.get("rate_rps") or fleet_rate(cluster, sc, 0.5)
+        rate = sc.get("rate_rps") or fleet_rate(cluster, sc, 0.8)
         n = max(int(rate * duration_s), 20)
         wl = synthetic(sc, n, rate_rps=rate, seed=7, name=name, num_prefixes=8)
         return wl, sc["slo"], f"{rate:.2f} req/s Poisson, {n} req"
@@ -272,6 +302,10 @@ def main() -> None:
     results: dict = {}
     with multiprocessing.Pool(args.jobs) as pool:
         for (cname, wname, p, _d, _w), note, res in pool.imap_unordered(_job, jobs):
+            print(f"# {cname} {wname} {'planner' if p is None else f'P={p}'}: steady "
+                  f"{res['steady_goodput_per_gpu']:.4f}/GPU, whole {res['goodput_per_gpu']:.4f}"
+                  f", {res['role_changes']} changes, final {res['final_roles']} "
+                  f"[{res['wall_s']:.0f} s]", file=sys.stderr, flush=True)
             results.setdefault((cname, wname), {"note": note, "static": {}, "planner": None})
             slot = results[(cname, wname)]
             if p is None:

@@ -287,9 +287,16 @@ def plan_model(
         return decision("hold", "change-in-progress")
 
     topo = Topology(workers, inp.node_links)
-    current = predict(inp, cur_p, w_plan, topo)
+    # Candidates are ranked at the load now; the best few (and the current layout) are
+    # also predicted at the near-term load, which breaks ties and justifies a move made
+    # ahead of growth.
     current_now = predict(inp, cur_p, w_now, topo)
-    candidates, by_p = _search(inp, w_plan, settings, cur_p, topo)
+    candidates, by_p = _search(inp, w_now if load.rate_rps > 0 else w_plan, settings, cur_p,
+                               topo)
+    at_plan: dict[int, Prediction] = {cur_p: predict(inp, cur_p, w_plan, topo)}
+    for c in sorted(candidates, key=_score, reverse=True)[:3]:
+        at_plan.setdefault(c.n_prefill, predict(inp, c.n_prefill, w_plan, topo))
+    current = at_plan[cur_p]
     rejected: dict[str, str] = {}
     feasible = []
     for c in candidates:
@@ -308,14 +315,31 @@ def plan_model(
         return decision("keep", "no-traffic", target=current, **common)
     if not feasible:
         return decision("keep", "no-feasible-layout", target=current, **common)
-    best = max(feasible, key=_score)
+    def combined(c: Prediction) -> tuple:
+        now_share = _score(c)[0] if load.rate_rps > 0 else 0.0
+        plan = at_plan.get(c.n_prefill)
+        plan_key = _score(plan) if plan is not None else (-1.0, 0.0, 0)
+        return (round(now_share, 2), round(plan_key[0], 2), plan_key[1], -c.n_prefill)
+
+    best_now = max(feasible, key=combined)
+    best = at_plan.get(best_now.n_prefill) or predict(inp, best_now.n_prefill, w_plan, topo)
     if best.n_prefill == cur_p:
         return decision("keep", "current-is-best", target=current, **common)
     h = pol.hysteresis
-    gain_ok = best.goodput_rps > current.goodput_rps * (1.0 + h) + 1e-9 and (
-        best.goodput_rps - current.goodput_rps > 0.005 * plan_rate
+
+    def gains(new: Prediction, old: Prediction, rate: float) -> bool:
+        return new.goodput_rps > old.goodput_rps * (1.0 + h) + 1e-9 and (
+            new.goodput_rps - old.goodput_rps > 0.005 * rate
+        )
+
+    gain_now = load.rate_rps > 0 and gains(best_now, current_now, load.rate_rps)
+    gain_plan = best_now.goodput_rps >= current_now.goodput_rps * 0.99 and gains(
+        best, current, plan_rate
     )
-    both_zero = best.goodput_rps <= 1e-9 and current.goodput_rps <= 1e-9
+    gain_ok = gain_now or gain_plan
+    both_zero = best.goodput_rps <= 1e-9 and current.goodput_rps <= 1e-9 and (
+        best_now.goodput_rps <= 1e-9 and current_now.goodput_rps <= 1e-9
+    )
     cap_ok = both_zero and best.capacity_rps > current.capacity_rps * (1.0 + h)
     # A policy bound the current layout breaks (min/max per role, forced mode) must be met
     # whatever the gain.
