@@ -311,7 +311,10 @@ def plan_model(
         "candidates": candidates,
         "rejected": rejected,
     }
-    if plan_rate <= 0:
+    # A policy bound the current layout breaks (min/max per role, forced mode) must be met
+    # whatever the load, so it is checked before "no traffic".
+    forced = cur_p not in set(_prefill_range(inp))
+    if plan_rate <= 0 and not forced:
         return decision("keep", "no-traffic", target=current, **common)
     if not feasible:
         return decision("keep", "no-feasible-layout", target=current, **common)
@@ -341,9 +344,6 @@ def plan_model(
         best_now.goodput_rps <= 1e-9 and current_now.goodput_rps <= 1e-9
     )
     cap_ok = both_zero and best.capacity_rps > current.capacity_rps * (1.0 + h)
-    # A policy bound the current layout breaks (min/max per role, forced mode) must be met
-    # whatever the gain.
-    forced = cur_p not in set(_prefill_range(inp))
     if not (gain_ok or cap_ok or forced):
         return decision("keep", "within-hysteresis", target=best, **common)
 

@@ -294,3 +294,11 @@ def test_whatif_shows_its_arithmetic_and_rejects_bad_input():
     assert set(err.value.errors) == {"nodes", "bogus"}
     with pytest.raises(WhatIfError):
         WhatIfQuery.from_dict({"prefix_hit": 2})
+
+
+def test_policy_forcing_a_split_applies_even_without_traffic():
+    workers, links = fleet(1, 4, group=4)
+    d = plan_model(model_input(workers, links, LoadInput(), disaggregation_mode="disaggregated",
+                               min_prefill_workers=1), 0)
+    assert d.action == "change" and d.reason == "policy-bound"
+    assert [c.to_role for c in d.changes].count("prefill") == 1
