@@ -132,6 +132,30 @@ def _latest_routing_versions() -> dict[int, int]:
         return {}
 
 
+def _push_failures() -> dict[int, tuple[str, int]]:
+    """gateway id → (error, failed attempts) from the routing app's latest push per
+    gateway, when that push is failing (retrying after errors, refused or given up)."""
+    try:
+        model = apps.get_model("routing", "GatewayDelivery")
+    except LookupError:
+        return {}
+    out: dict[int, tuple[str, int]] = {}
+    try:
+        for d in model.objects.order_by("gateway_id", "-created", "-pk").only(
+            "gateway_id", "status", "attempts", "last_error", "last_status_code"
+        ):
+            if d.gateway_id in out:
+                continue
+            failing = d.status in ("nacked", "failed") or (
+                d.status in ("pending", "sending") and d.attempts > 0 and d.last_error
+            )
+            error = d.last_error or (f"HTTP {d.last_status_code}" if d.last_status_code else "")
+            out[d.gateway_id] = (error or d.status, d.attempts) if failing else ("", 0)
+    except Exception:
+        log.warning("alerts: routing deliveries unreadable", exc_info=True)
+    return out
+
+
 def _plans() -> list[PlanFacts]:
     """Per served model: its latest plan failed, or the planner found no feasible layout
     (e.g. not enough decode KV capacity for the load). Read only if the planner is there."""
@@ -184,6 +208,7 @@ def build_snapshot(now: datetime) -> FleetSnapshot:
     nodes, workers, gateways = [], [], []
     slo_cache: dict = {}
     latest = _latest_routing_versions()
+    pushes = _push_failures()
     for cluster in Cluster.objects.all():
         hot = _hot_cluster(cluster.pk)
         for node in Node.objects.filter(cluster=cluster):
@@ -194,14 +219,16 @@ def build_snapshot(now: datetime) -> FleetSnapshot:
             slo = _policy_slo(worker.served_model, slo_cache)
             workers.append(_worker_facts(cluster, worker, hot["workers"].get(worker.pk), slo))
         for gw in Gateway.objects.filter(cluster=cluster):
+            # The routing app's push log when there is one, else the gateway's last error.
+            error, failures = pushes.get(gw.pk, (gw.last_error, 1 if gw.last_error else 0))
             gateways.append(
                 GatewayFacts(
                     cluster=cluster.name,
                     gateway=gw.name,
                     applied_version=gw.applied_table_version,
                     latest_version=latest.get(cluster.pk),
-                    push_error=gw.last_error,
-                    consecutive_push_failures=1 if gw.last_error else 0,
+                    push_error=error,
+                    consecutive_push_failures=failures,
                 )
             )
     protocol, version = _expected_agent()

@@ -203,3 +203,25 @@ def test_prune_forgets_old_finished_work_only():
     Delivery.objects.filter(pk__in=[done.pk, waiting.pk]).update(created=old)
     assert prune()["deliveries"] == 1
     assert list(Delivery.objects.values_list("pk", flat=True)) == [waiting.pk]
+
+
+def test_gateway_push_state_from_routing():
+    from django.apps import apps
+
+    cluster, _, _, _ = fleet()
+    gw = Gateway.objects.get()
+    Gateway.objects.filter(pk=gw.pk).update(last_error="")
+    table = apps.get_model("routing", "RoutingTableVersion")
+    push = apps.get_model("routing", "GatewayDelivery")
+    v5 = table.objects.create(cluster=cluster, version=5, body={}, content_sha="x", cause="t")
+    push.objects.create(
+        gateway=gw,
+        table=v5,
+        status="nacked",
+        attempts=1,
+        last_error="schema: unknown field",
+        next_attempt_at=timezone.now(),
+    )
+    (facts,) = build_snapshot(timezone.now()).gateways
+    assert (facts.latest_version, facts.applied_version) == (5, 1)
+    assert facts.push_error == "schema: unknown field" and facts.consecutive_push_failures == 1
