@@ -30,8 +30,8 @@ def _finite(value) -> bool:
 def line_chart(
     values: Sequence[float | None],
     *,
-    width: int = 120,
-    height: int = 28,
+    width: int = 180,
+    height: int = 32,
     y_max: float | None = None,
     target: float | None = None,
 ) -> Chart:

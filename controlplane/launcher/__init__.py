@@ -1,0 +1,1 @@
+"""`make run`: one command from a fresh clone to a living, self-rebalancing simulated fleet."""
