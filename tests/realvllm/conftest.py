@@ -1,0 +1,292 @@
+"""Fixtures for the real-engine tier: real vLLM CPU instances serving a tiny local model.
+
+The engines run as subprocesses of a separate venv (scripts/real_vllm_env.sh; its python is
+PDPLANE_VLLM_PYTHON, else the default cache path). Two instances are started once per
+session, in parallel, and shared by every test in this folder:
+
+- ``engine_a`` — the agent tier's engine: a deliberately small KV cache (64 blocks of 32
+  tokens) so eviction, and with it BlockRemoved, happens after a few prompts.
+- ``engine_b`` — the decode side of the prefill->decode pair (default KV cache).
+
+Both publish KV events over ZMQ (with a replay socket) and carry the NixlConnector in
+``kv_both`` role over UCX/TCP on loopback, so either can prefill or decode per request.
+Sharing one pair keeps the tier at one engine startup (~35-60 s) instead of three.
+
+Without the venv the tier skips, unless PDPLANE_REQUIRE_REAL_VLLM is set (CI), where a
+missing install is a failure. Every process started here is killed by process group at
+session end, whatever happened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import requests
+
+HERE = Path(__file__).resolve().parent
+MODEL_NAME = "tiny"
+BLOCK_SIZE = 32
+MAX_MODEL_LEN = 1024
+ENGINE_A_BLOCKS = 64
+STARTUP_TIMEOUT_S = float(os.environ.get("PDPLANE_VLLM_STARTUP_TIMEOUT", "180"))
+
+
+def _required() -> bool:
+    return os.environ.get("PDPLANE_REQUIRE_REAL_VLLM", "") not in ("", "0", "false", "no")
+
+
+def _missing(reason: str):
+    if _required():
+        pytest.fail(f"real vLLM tier required (PDPLANE_REQUIRE_REAL_VLLM) but {reason}")
+    pytest.skip(f"real vLLM tier: {reason}; run scripts/real_vllm_env.sh (docs/real-vllm.md)")
+
+
+def default_vllm_python() -> Path:
+    venv = os.environ.get("PDPLANE_VLLM_VENV") or str(
+        Path.home() / ".cache" / "pdplane" / "vllm-venv"
+    )
+    return Path(venv) / "bin" / "python"
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> Path:
+    python = Path(os.environ.get("PDPLANE_VLLM_PYTHON") or default_vllm_python())
+    if not python.exists():
+        _missing(f"no vLLM venv python at {python}")
+    stamps = list(python.parent.parent.glob(".pdplane-vllm-*"))
+    if not stamps:
+        _missing(f"the vLLM venv at {python.parent.parent} has no install stamp (half-built?)")
+    return python
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(vllm_python: Path) -> Path:
+    """Build the tiny model once and cache it next to the venv (never in the repo)."""
+    from tests.realvllm import tiny_model
+
+    cache = vllm_python.parent.parent.parent
+    target = cache / f"tiny-llama-v{tiny_model.BUILD_VERSION}"
+    if (target / "pdplane-tiny.json").exists():
+        return target
+    staging = cache / f"{target.name}.building-{os.getpid()}"
+    proc = subprocess.run(
+        [str(vllm_python), str(HERE / "tiny_model.py"), str(staging)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"building the tiny model failed:\n{proc.stderr[-4000:]}")
+    try:
+        staging.rename(target)
+    except OSError:
+        # Another run finished first; its copy is identical (fixed seed).
+        subprocess.run(["rm", "-rf", str(staging)], check=False)
+    return target
+
+
+def _distinct_free_ports(count: int) -> list[int]:
+    """Free ports, all different, from below the kernel's ephemeral range (32768+).
+
+    vLLM binds some of its own sockets to ports the kernel picks (bind to 0), and other
+    test servers do the same; ports chosen from the ephemeral range could be taken by one
+    of those between our choice and the engine's bind (seen as "Address already in use"
+    from the NIXL side channel). Below that range only explicit choices like ours land.
+    """
+    rng = random.Random()
+    with ExitStack() as stack:
+        ports: list[int] = []
+        while len(ports) < count:
+            port = rng.randrange(20000, 32000)
+            if port in ports:
+                continue
+            sock = stack.enter_context(socket.socket())
+            try:
+                sock.bind(("", port))  # all interfaces: the KV-event PUB binds tcp://*
+            except OSError:
+                continue
+            ports.append(port)
+        return ports
+
+
+@dataclass
+class VLLMInstance:
+    """One real vLLM API server process and the addresses the tests talk to."""
+
+    name: str
+    port: int
+    kv_events_port: int
+    kv_replay_port: int
+    nixl_port: int
+    cpu: int
+    log_path: Path
+    extra_args: list[str] = field(default_factory=list)
+    process: subprocess.Popen | None = None
+    started_in_s: float | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"{self.url}/metrics"
+
+    @property
+    def kv_events_endpoint(self) -> str:
+        return f"tcp://127.0.0.1:{self.kv_events_port}"
+
+    @property
+    def kv_replay_endpoint(self) -> str:
+        return f"tcp://127.0.0.1:{self.kv_replay_port}"
+
+    def command(self, python: Path, model_dir: Path) -> list[str]:
+        kv_events = {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": f"tcp://*:{self.kv_events_port}",
+            "replay_endpoint": f"tcp://*:{self.kv_replay_port}",
+            "topic": "kv-events",
+        }
+        kv_transfer = {
+            "kv_connector": "NixlConnector",
+            "kv_role": "kv_both",
+            "kv_buffer_device": "cpu",
+        }
+        return [
+            str(python), "-m", "vllm.entrypoints.launchers.api_server.entry",
+            "--model", str(model_dir),
+            "--served-model-name", MODEL_NAME,
+            "--host", "127.0.0.1",
+            "--port", str(self.port),
+            "--max-model-len", str(MAX_MODEL_LEN),
+            "--block-size", str(BLOCK_SIZE),
+            "--enforce-eager",
+            "--kv-events-config", json.dumps(kv_events),
+            "--kv-transfer-config", json.dumps(kv_transfer),
+            *self.extra_args,
+        ]  # fmt: skip
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        # Never let the engine see the project's venv or reach a hub.
+        for var in ("VIRTUAL_ENV", "PYTHONPATH", "DJANGO_SETTINGS_MODULE"):
+            env.pop(var, None)
+        env.update(
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            VLLM_NO_USAGE_STATS="1",
+            DO_NOT_TRACK="1",
+            VLLM_CPU_KVCACHE_SPACE="1",
+            VLLM_HOST_IP="127.0.0.1",
+            VLLM_CPU_OMP_THREADS_BIND=str(self.cpu),
+            UCX_TLS="tcp,self,sm",
+            UCX_NET_DEVICES="lo",
+            VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
+            VLLM_NIXL_SIDE_CHANNEL_PORT=str(self.nixl_port),
+        )
+        return env
+
+    def start(self, python: Path, model_dir: Path) -> None:
+        self._started_at = time.monotonic()
+        log = self.log_path.open("wb")
+        self.process = subprocess.Popen(
+            self.command(python, model_dir),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self.environment(),
+            start_new_session=True,  # its own process group: teardown kills the engine core too
+        )
+        log.close()
+
+    def wait_healthy(self, deadline: float) -> None:
+        assert self.process is not None
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"vLLM {self.name} exited with {self.process.returncode}:\n{self.log_tail()}"
+                )
+            try:
+                if requests.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    self.started_in_s = time.monotonic() - self._started_at
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"vLLM {self.name} not healthy in time:\n{self.log_tail()}")
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        proc = self.process
+        if proc is None:
+            return
+        for sig, grace in ((signal.SIGTERM, 15), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=grace)
+                # The group may outlive its leader (engine core); make sure it's gone.
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        self.process = None
+
+
+@dataclass
+class EnginePair:
+    a: VLLMInstance
+    b: VLLMInstance
+
+
+@pytest.fixture(scope="session")
+def vllm_engines(vllm_python: Path, tiny_model_dir: Path, tmp_path_factory) -> Iterator[EnginePair]:
+    logs = tmp_path_factory.mktemp("vllm-logs")
+    ports = _distinct_free_ports(8)
+    a = VLLMInstance(
+        "a", *ports[0:4], cpu=0, log_path=logs / "a.log",
+        extra_args=["--num-gpu-blocks-override", str(ENGINE_A_BLOCKS)],
+    )  # fmt: skip
+    b = VLLMInstance("b", *ports[4:8], cpu=1, log_path=logs / "b.log")
+    try:
+        for instance in (a, b):
+            instance.start(vllm_python, tiny_model_dir)
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        for instance in (a, b):
+            instance.wait_healthy(deadline)
+        print(f"\n[realvllm] engines healthy: a {a.started_in_s:.1f}s, b {b.started_in_s:.1f}s")
+        yield EnginePair(a, b)
+    finally:
+        for instance in (a, b):
+            instance.stop()
+
+
+@pytest.fixture(scope="session")
+def engine_a(vllm_engines: EnginePair) -> VLLMInstance:
+    return vllm_engines.a
+
+
+@pytest.fixture(scope="session")
+def engine_b(vllm_engines: EnginePair) -> VLLMInstance:
+    return vllm_engines.b
