@@ -13,6 +13,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from . import metrics as agent_metrics
 from .collectors.engine_metrics import EngineMetricsCollector
 from .collectors.gpu import NvmlGpuCollector, SimGpuCollector
 from .collectors.kv_events import KVEventSubscriber
@@ -154,6 +155,7 @@ class Agent:
 
     def collect(self, agent_counters: dict | None = None) -> dict:
         """One report (blocking I/O: call it in a thread)."""
+        started = time.perf_counter()
         if self.sim:
             self.refresh_engines()
         announced = self.announced or self.inventory()
@@ -164,11 +166,13 @@ class Agent:
             gpus = [g for g in self.gpus.sample() if g["index"] in gpu_ids]
         except Exception as exc:
             log.warning("GPU sample failed: %s", exc)
+            agent_metrics.COLLECTOR_ERRORS.labels("gpu").inc()
             gpus = []
         try:
             nics = [n for n in self.links.sample() if n["name"] in nic_names]
         except Exception as exc:
             log.warning("link sample failed: %s", exc)
+            agent_metrics.COLLECTOR_ERRORS.labels("links").inc()
             nics = []
         engines = []
         for eid, handle in self.engines.items():
@@ -176,7 +180,10 @@ class Agent:
                 continue
             item = {"id": eid, "up": False}
             if handle.metrics is not None:
-                sample = handle.metrics.scrape()
+                with agent_metrics.ENGINE_SCRAPE_DURATION.time():
+                    sample = handle.metrics.scrape()
+                if not sample.up:
+                    agent_metrics.COLLECTOR_ERRORS.labels("engine").inc()
                 item.update(sample.as_report())
             if handle.role:
                 item["role"] = handle.role
@@ -186,6 +193,7 @@ class Agent:
                 item["kv_events"] = handle.kv.stats()
             engines.append(item)
         self.seq += 1
+        agent_metrics.COLLECT_DURATION.observe(time.perf_counter() - started)
         return {"type": "report", "seq": self.seq, "ts": time.time(), "gpus": gpus,
                 "nics": nics, "engines": engines, "agent": agent_counters or {}}
 

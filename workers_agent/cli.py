@@ -33,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report-interval", dest="report_interval_s", type=float,
                    help="seconds between reports (default: the server's)")
     p.add_argument("--log-level", dest="log_level")
+    p.add_argument("--metrics-port", dest="metrics_port", type=int,
+                   help="serve the agent's own /metrics on this port (default: off)")
     p.add_argument("--once", action="store_true",
                    help="collect one report, print hello and report as JSON, exit")
     return p
@@ -43,6 +45,10 @@ async def _run(cfg) -> int:
     from .transport import AgentTransport
 
     agent = Agent(cfg)
+    if cfg.metrics_port:
+        from .metrics import serve
+
+        serve(agent, cfg.metrics_port, cfg.metrics_addr)
     transport = AgentTransport(cfg, agent)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -66,6 +66,8 @@ class AgentConfig:
     engines: list[dict] = field(default_factory=list)
     hooks: dict[str, dict] = field(default_factory=dict)
     log_level: str = "INFO"
+    metrics_port: int | None = None  # the agent's own /metrics; None: off
+    metrics_addr: str = "0.0.0.0"
 
     def resolve_token(self) -> str:
         if self.token:
@@ -108,6 +110,7 @@ ENV_KEYS = {
     "PDPLANE_AGENT_SIM_NODE_URL": "sim_node_url",
     "PDPLANE_AGENT_REPORT_INTERVAL_S": "report_interval_s",
     "PDPLANE_AGENT_LOG_LEVEL": "log_level",
+    "PDPLANE_AGENT_METRICS_PORT": "metrics_port",
 }
 
 

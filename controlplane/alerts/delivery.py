@@ -23,6 +23,8 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from controlplane.observability import metrics as obs
+
 from . import backoff, payloads, signing, ssrf, transport
 from .conf import AlertsConf, load
 from .lifecycle import FIRING, RESOLVED, Notification
@@ -233,6 +235,8 @@ def send_claimed(pk: int, worker: str, conf: AlertsConf | None = None) -> str:
             disable_endpoint(
                 endpoint, f"Receiver answered 410 Gone at {started:%Y-%m-%d %H:%M:%S} UTC"
             )
+    obs.WEBHOOK_DELIVERIES.labels(outcome).inc()
+    obs.WEBHOOK_LATENCY.observe(response.latency_ms / 1000)
     log.info(
         "webhook delivery %s (%s) attempt %s → %s %s",
         d.webhook_id,

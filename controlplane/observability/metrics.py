@@ -86,6 +86,32 @@ class StateCollector:
             lag.add_metric([gw.cluster.name, gw.name], behind)
         yield lag
 
+        agents = _agents_reporting()
+        if agents is not None:
+            yield agents
+
+
+def _agents_reporting() -> GaugeMetricFamily | None:
+    """Agents whose last report is fresh (hot state's ``seen`` index, one Redis read).
+
+    Read at scrape time rather than kept as a per-process gauge: any ASGI process may hold
+    the connection, and Redis already knows when every node last reported.
+    """
+    from controlplane.telemetry import hotstate
+
+    try:
+        seen = hotstate.last_seen_all()
+    except Exception:  # Redis down: leave the series out rather than report zero
+        return None
+    fresh_s = hotstate.STALE_AFTER_REPORTS * hotstate.report_interval_s()
+    now = time.time()
+    family = GaugeMetricFamily(
+        "pdplane_agents_connected",
+        "Agents that reported within the staleness window (3 report intervals)",
+    )
+    family.add_metric([], sum(1 for t in seen.values() if now - t <= fresh_s))
+    return family
+
 
 def _latest_table_versions() -> dict[int, int]:
     try:

@@ -12,6 +12,7 @@ import time
 from django.db import transaction
 from django.utils import timezone
 
+from controlplane.observability import metrics as obs
 from controlplane.topology.models import Cluster
 
 from . import apply
@@ -100,6 +101,7 @@ def run_planning(cluster: Cluster, now: float | None = None) -> list[Plan]:
         state.last_predictions = d.predictions_dict()
         state.last_inputs = inputs
         state.save()
+        obs.PLANS.labels(d.action).inc()
         if d.action != "change":
             continue
         mode = inp.policy.rebalancing_mode
@@ -128,6 +130,7 @@ def run_planning(cluster: Cluster, now: float | None = None) -> list[Plan]:
                 approve_plan(plan.pk, None)
             except PlanError as exc:
                 log.warning("auto-apply of plan %s refused: %s", plan.pk, exc.reason)
+    obs.PLANNING_DURATION.observe(time.perf_counter() - started)
     log.info("planned cluster %s in %.1f ms: %d plan(s)", cluster.pk,
              (time.perf_counter() - started) * 1000, len(created))
     return created

@@ -24,6 +24,8 @@ from urllib.parse import urlsplit
 from django.db import transaction
 from django.utils import timezone
 
+from controlplane.observability import metrics as obs
+
 from . import signing
 from .builder import canonical_json
 from .models import DeliveryAttempt, DeliveryStatus, GatewayDelivery, RoutingTableVersion
@@ -139,6 +141,8 @@ def send(delivery_id: int, put=put_table) -> str:
         f"{delivery.pk}-{uuid.uuid4().hex[:8]}",
     )
     duration_ms = (time.perf_counter() - t0) * 1000
+    obs.ROUTING_PUSHES.labels(result.outcome).inc()
+    obs.ROUTING_PUSH_LATENCY.observe(duration_ms / 1000)
     return _record(delivery, table, result, started, duration_ms)
 
 

@@ -20,6 +20,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
+from controlplane.observability import metrics as obs
 from workers_agent import protocol as proto
 
 from . import hotstate
@@ -124,6 +125,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await self.send(text_data=orjson.dumps(obj).decode())
 
     async def send_error(self, err: proto.ProtocolError, ref=None) -> None:
+        obs.MESSAGES_REJECTED.labels(err.code).inc()
         await self.send_json(err.frame(ref))
 
     async def receive(self, text_data=None, bytes_data=None):
@@ -276,6 +278,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
         now = time.time()
         ok = await writer.submit(report_commands(ctx, msg, now, writer.keys, writer.history_due))
         writer.mark_changed(ctx.cluster_id, ctx.node_id)
+        if ok:
+            obs.REPORTS_INGESTED.inc()
+            obs.REPORT_LAG.observe(max(now - msg["ts"], 0.0))
         self._track_observed(msg)
         if msg.get("ack"):
             if ok:
