@@ -278,10 +278,16 @@ try:
     ALERTS_WEBHOOK_ALLOW = ec.env_list(ENV, "ALERTS_WEBHOOK_ALLOW", [])
 except ec.ConfigError as exc:
     raise ImproperlyConfigured(f"pdplane configuration error: {exc}") from None
-CELERY_BEAT_SCHEDULE["alerts-evaluate"] = {"task": "alerts.evaluate", "schedule": 15.0}
+# Ticks expire: a backlog of stale ticks after a stall would only repeat the same work.
+CELERY_BEAT_SCHEDULE["alerts-evaluate"] = {
+    "task": "alerts.evaluate",
+    "schedule": 15.0,
+    "options": {"expires": 15},
+}
 CELERY_BEAT_SCHEDULE["alerts-sweep-deliveries"] = {
     "task": "alerts.sweep_deliveries",
     "schedule": 5.0,
+    "options": {"expires": 10},
 }
 CELERY_BEAT_SCHEDULE["alerts-prune"] = {"task": "alerts.prune", "schedule": 3600.0}
 CELERY_BEAT_SCHEDULE["routing-reconcile"] = {"task": "routing.reconcile_routing", "schedule": 15.0}
