@@ -42,11 +42,16 @@ from tests.conftest import free_port, wait_for_port  # noqa: E402
 from workers_agent.sim.fleetconfig import parse_fleet_config  # noqa: E402
 from workers_agent.sim.launcher import FleetProcesses  # noqa: E402
 from workers_agent.sim.player import replay  # noqa: E402
-from workers_agent.sim.workload import load_trace  # noqa: E402
+from workers_agent.sim.workload import (  # noqa: E402
+    MOONCAKE_BLOCK_TOKENS,
+    PromptFactory,
+    load_trace,
+)
 
 TRACE = ROOT.parent / "shared" / "data" / "traces" / "mooncake_synthetic.jsonl"
 PEERS_BIN = Path(os.environ.get("PDPLANE_PEERS_BIN", str(Path.home() / ".cache/pdplane-peers/bin")))
 MODEL = "llama-3.3-70b-fp8"
+ROUTING_OVERRIDES: dict[str, float] = {}  # --routing kv_overlap_weight=2,load_weight=1
 ALL_ROUTERS = ("pdplane", "pdplane-events", "round-robin", "vllm-router", "sglang-router")
 
 
@@ -56,8 +61,11 @@ def fleet_config(engines: int, time_scale: float, num_gpu_blocks: int) -> dict:
         nodes.append({"hostname": f"n{i}", "gpu": "H200", "gpu_count": 1,
                       "nics": [{"name": "ib0", "line_rate_gbps": 400, "transport": "infiniband",
                                 "rdma": True}]})
-        entries.append({"id": f"e{i}", "node": f"n{i}", "model": MODEL, "gpus": [0],
-                        "role": "both", "num_gpu_blocks": num_gpu_blocks, "block_size": 16})
+        entry = {"id": f"e{i}", "node": f"n{i}", "model": MODEL, "gpus": [0], "role": "both",
+                 "block_size": 16}
+        if num_gpu_blocks > 0:  # 0: as many as the GPU's memory allows
+            entry["num_gpu_blocks"] = num_gpu_blocks
+        entries.append(entry)
     return {"time_scale": time_scale, "nodes": nodes, "engines": entries}
 
 
@@ -73,7 +81,8 @@ class Router:
         self.log = log
         if name.startswith("pdplane"):
             if endpoints.get("engines"):
-                table = table_from_sim_endpoints(endpoints, mode="aggregated")
+                table = table_from_sim_endpoints(endpoints, mode="aggregated",
+                                                 routing=ROUTING_OVERRIDES or None)
             else:
                 table = static_table(MODEL, [{"url": u} for u in urls])
             table_path = workdir / f"table-{self.port}.json"
@@ -134,8 +143,21 @@ def available(names: list[str]) -> tuple[list[str], dict[str, str]]:
     return ok, skipped
 
 
-def run_quality(args, names: list[str], workdir: Path) -> dict:
+def scaled_workload(args):
+    """The trace, optionally shrunk: every 512-token block becomes 512/prompt_scale tokens
+    (prefix sharing is kept exactly), outputs divided by output_scale. On a 2-core box the
+    full-size prompts (15k tokens of text each) make the run CPU-bound, not engine-bound."""
     workload = load_trace(args.trace, args.speedup, args.limit)
+    if args.prompt_scale > 1 or args.output_scale > 1:
+        workload.prompts = PromptFactory(block_tokens=MOONCAKE_BLOCK_TOKENS // args.prompt_scale)
+        for req in workload.requests:
+            req.input_length = max(req.input_length // args.prompt_scale, 1)
+            req.output_length = max(req.output_length // args.output_scale, 1)
+    return workload
+
+
+def run_quality(args, names: list[str], workdir: Path) -> dict:
+    workload = scaled_workload(args)
     results = {}
     for name in names:
         config = parse_fleet_config(fleet_config(args.engines, args.time_scale,
@@ -259,22 +281,30 @@ def run_latency(args, names: list[str], workdir: Path) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trace", default=str(TRACE))
-    p.add_argument("--limit", type=int, default=200)
-    p.add_argument("--speedup", type=float, default=5.0)
-    p.add_argument("--time-scale", type=float, default=0.2)
+    p.add_argument("--limit", type=int, default=600)
+    p.add_argument("--speedup", type=float, default=6.0)
+    p.add_argument("--time-scale", type=float, default=1.0)
     p.add_argument("--engines", type=int, default=4)
-    p.add_argument("--num-gpu-blocks", type=int, default=8000)
+    p.add_argument("--prompt-scale", type=int, default=16,
+                   help="divide prompt lengths (and the 512-token trace block) by this")
+    p.add_argument("--output-scale", type=int, default=4)
+    p.add_argument("--num-gpu-blocks", type=int, default=5000)
     p.add_argument("--routers", default=",".join(ALL_ROUTERS))
     p.add_argument("--slo-ttft-ms", type=float, default=2000)
     p.add_argument("--slo-itl-ms", type=float, default=100)
     p.add_argument("--latency-requests", type=int, default=1000)
     p.add_argument("--skip-quality", action="store_true")
     p.add_argument("--skip-latency", action="store_true")
+    p.add_argument("--routing", default="",
+                   help="table routing weights for pdplane, e.g. kv_overlap_weight=2")
     p.add_argument("--json", dest="json_out")
     args = p.parse_args()
     if not Path(args.trace).exists():
         print(f"trace not found: {args.trace}", file=sys.stderr)
         return 2
+    for item in filter(None, args.routing.split(",")):
+        key, _, value = item.partition("=")
+        ROUTING_OVERRIDES[key] = float(value)
     names, skipped = available(args.routers.split(","))
     for name, why in skipped.items():
         print(f"skipping {name}: {why}", flush=True)

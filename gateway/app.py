@@ -422,7 +422,11 @@ class Gateway:
             plan.prefill or plan.decode,
             blocks_for(max(prompt["tokens"] - plan.cached_tokens, 0), bs),
         )
-        reservation.add_decode(plan.decode, prompt_blocks + blocks_for(out_tokens, bs))
+        # The KV this request adds where it decodes: its uncached prompt blocks (cached ones
+        # are shared by prefix caching; with remote prefill all arrive by transfer) + output.
+        held = 0 if plan.prefill else blocks_for(plan.cached_tokens, bs)
+        reservation.add_decode(plan.decode,
+                               max(prompt_blocks - held, 0) + blocks_for(out_tokens, bs))
         headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
         if "Authorization" in request.headers:
             headers["Authorization"] = request.headers["Authorization"]

@@ -6,6 +6,11 @@ Cost of sending a request to worker *w* (Dynamo's KV router, current form)::
     decode_term  = decode_blocks(w)
     cost(w)      = prefill_term + decode_term
 
+One deliberate difference from Dynamo: this request's share of ``decode_blocks`` counts only
+the blocks it adds to the worker's KV (prompt blocks not already cached there, since prefix
+caching shares them, plus its output), so a worker holding the prefix is cheaper on both
+terms. ``cost_of(kv_reuse=False)`` is Dynamo's exact form (unit-tested on its worked example).
+
 where ``prefill_blocks`` = blocks the worker is still prefilling for other requests + this
 prompt's blocks, ``cached_blocks`` = this prompt's blocks the worker already holds, and
 ``decode_blocks`` = KV blocks of the worker's running requests + this request's. Lowest
@@ -84,10 +89,14 @@ def cost_of(
     overlap_weight: float,
     load_weight: float,
     use_cache: bool = True,
+    kv_reuse: bool = False,
 ) -> Scored:
+    """Dynamo's cost. With ``kv_reuse`` the decode term counts only the KV blocks the
+    request adds: with prefix caching its cached blocks are shared, not copied."""
     credit = overlap_weight * cached_blocks if use_cache else 0.0
     prefill = load_weight * max(load.prefill_blocks + request_blocks - credit, 0.0)
-    decode = load.decode_blocks + request_blocks
+    added = request_blocks - (min(cached_blocks, request_blocks) if kv_reuse and use_cache else 0)
+    decode = load.decode_blocks + added
     return Scored(worker_id, prefill + decode, prefill, decode, cached_blocks)
 
 
@@ -146,7 +155,7 @@ def plan_request(
             cost_of(
                 w.id, loads.get(w.id, WorkerLoad()), request_blocks, cached_blocks(w),
                 overlap_weight=model.kv_overlap_weight, load_weight=model.load_weight,
-                use_cache=use_cache,
+                use_cache=use_cache, kv_reuse=True,
             )
             for w in workers
         ]
