@@ -6,7 +6,7 @@ import uuid
 import orjson
 import pytest
 from channels.testing import WebsocketCommunicator
-from hypothesis import HealthCheck, given
+from hypothesis import HealthCheck, Phase, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
@@ -86,7 +86,7 @@ async def connect(token):
     return comm
 
 
-async def recv(comm, timeout=5):
+async def recv(comm, timeout=10):
     return orjson.loads(await comm.receive_from(timeout))
 
 
@@ -267,7 +267,7 @@ def test_old_connection_late_disconnect_does_not_mark_node_offline(fleet):
 # --------------------------------------------------------------------------- property test
 
 
-json_scalars = (st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
+json_scalars = (st.none() | st.booleans() | st.integers(min_value=-(2**63), max_value=2**64 - 1)
                 | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=30))
 json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=4)
                            | st.dictionaries(st.text(max_size=12), inner, max_size=4),
@@ -285,7 +285,9 @@ def frames(draw):
     if kind == "value":
         value = draw(json_values)
         if isinstance(value, dict) and value.get("type") == "inventory":
-            value["type"] = "x"
+            value["type"] = "x"  # a valid inventory is answered by silence
+        if isinstance(value, dict) and value.get("type") == "report":
+            value["ack"] = True
         return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode() \
             if not _has_bad_float(value) else "NaN"
     if kind == "garbage":
@@ -315,7 +317,8 @@ def _has_bad_float(value) -> bool:
     return False
 
 
-@hsettings(max_examples=25, deadline=None,
+# Bounded for CI: no shrinking phase (a failure prints its example and seed anyway).
+@hsettings(max_examples=15, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],
            suppress_health_check=[HealthCheck.function_scoped_fixture,
                                   HealthCheck.too_slow])
 @given(batch=st.lists(frames(), min_size=1, max_size=8))
