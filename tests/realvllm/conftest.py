@@ -1,8 +1,8 @@
 """Fixtures for the real-engine tier: real vLLM CPU instances serving a tiny local model.
 
 The engines run as subprocesses of a separate venv (scripts/real_vllm_env.sh; its python is
-PDPLANE_VLLM_PYTHON, else the default cache path). Two instances are started once per
-session, in parallel, and shared by every test in this folder:
+PDPLANE_VLLM_PYTHON, else the default cache path). Two instances are started once for
+this folder, in parallel, and shared by every test in this folder:
 
 - ``engine_a`` — the agent tier's engine: a deliberately small KV cache (64 blocks of 32
   tokens) so eviction, and with it BlockRemoved, happens after a few prompts.
@@ -14,7 +14,7 @@ Sharing one pair keeps the tier at one engine startup (~35-60 s) instead of thre
 
 Without the venv the tier skips, unless PDPLANE_REQUIRE_REAL_VLLM is set (CI), where a
 missing install is a failure. Every process started here is killed by process group at
-session end, whatever happened.
+the end of this folder's tests, whatever happened.
 """
 
 from __future__ import annotations
@@ -259,34 +259,58 @@ class EnginePair:
     a: VLLMInstance
     b: VLLMInstance
 
-
-@pytest.fixture(scope="session")
-def vllm_engines(vllm_python: Path, tiny_model_dir: Path, tmp_path_factory) -> Iterator[EnginePair]:
-    logs = tmp_path_factory.mktemp("vllm-logs")
-    ports = _distinct_free_ports(8)
-    a = VLLMInstance(
-        "a", *ports[0:4], cpu=0, log_path=logs / "a.log",
-        extra_args=["--num-gpu-blocks-override", str(ENGINE_A_BLOCKS)],
-    )  # fmt: skip
-    b = VLLMInstance("b", *ports[4:8], cpu=1, log_path=logs / "b.log")
-    try:
-        for instance in (a, b):
-            instance.start(vllm_python, tiny_model_dir)
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        for instance in (a, b):
-            instance.wait_healthy(deadline)
-        print(f"\n[realvllm] engines healthy: a {a.started_in_s:.1f}s, b {b.started_in_s:.1f}s")
-        yield EnginePair(a, b)
-    finally:
-        for instance in (a, b):
+    def stop(self) -> None:
+        for instance in (self.a, self.b):
             instance.stop()
 
 
-@pytest.fixture(scope="session")
+def _start_pair(python: Path, model_dir: Path, logs: Path, attempt: int) -> EnginePair:
+    ports = _distinct_free_ports(8)
+    a = VLLMInstance(
+        "a", *ports[0:4], cpu=0, log_path=logs / f"a-{attempt}.log",
+        extra_args=["--num-gpu-blocks-override", str(ENGINE_A_BLOCKS)],
+    )  # fmt: skip
+    b = VLLMInstance("b", *ports[4:8], cpu=1, log_path=logs / f"b-{attempt}.log")
+    pair = EnginePair(a, b)
+    try:
+        for instance in (a, b):
+            instance.start(python, model_dir)
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        for instance in (a, b):
+            instance.wait_healthy(deadline)
+    except BaseException:
+        pair.stop()
+        raise
+    return pair
+
+
+# Package scope: the engines (~3 GB each, one core each) stop as soon as the last test of
+# this folder is done, not at the end of the whole suite.
+@pytest.fixture(scope="package")
+def vllm_engines(vllm_python: Path, tiny_model_dir: Path, tmp_path_factory) -> Iterator[EnginePair]:
+    logs = tmp_path_factory.mktemp("vllm-logs")
+    try:
+        pair = _start_pair(vllm_python, tiny_model_dir, logs, attempt=1)
+    except (RuntimeError, TimeoutError) as first:
+        # One retry with fresh ports: a port taken between our choice and the engine's bind
+        # is the one failure seen on a busy machine that a second start fixes.
+        print(f"\n[realvllm] engine start failed, retrying once: {str(first)[:300]}")
+        pair = _start_pair(vllm_python, tiny_model_dir, logs, attempt=2)
+    try:
+        print(
+            f"\n[realvllm] engines healthy: a {pair.a.started_in_s:.1f}s, "
+            f"b {pair.b.started_in_s:.1f}s"
+        )
+        yield pair
+    finally:
+        pair.stop()
+
+
+@pytest.fixture(scope="package")
 def engine_a(vllm_engines: EnginePair) -> VLLMInstance:
     return vllm_engines.a
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def engine_b(vllm_engines: EnginePair) -> VLLMInstance:
     return vllm_engines.b

@@ -78,7 +78,7 @@ def complete(base_url: str, prompt: str, max_tokens: int = 8, **extra) -> dict:
 
 
 @contextmanager
-def request_in_flight(base_url: str, prompt: str, max_tokens: int = 900):
+def request_in_flight(base_url: str, prompt: str, max_tokens: int = 800):
     """A streaming request that is running (its first token arrived) for the body of the
     ``with``; leaving it closes the stream, which aborts the request in the engine."""
     body = {

@@ -25,7 +25,7 @@ from tests.realvllm import engine_probe as probe
 from tests.realvllm.conftest import BLOCK_SIZE, MODEL_NAME
 from tests.realvllm.test_real_pd_direct import transfer_counters
 
-pytestmark = [pytest.mark.realvllm, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.realvllm, pytest.mark.timeout(600)]
 
 EXTERNAL = "vllm:prompt_tokens_by_source_total{'source': 'external_kv_transfer'}"
 LOCAL = "vllm:prompt_tokens_by_source_total{'source': 'local_compute'}"
