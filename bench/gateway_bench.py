@@ -52,6 +52,7 @@ TRACE = ROOT.parent / "shared" / "data" / "traces" / "mooncake_synthetic.jsonl"
 PEERS_BIN = Path(os.environ.get("PDPLANE_PEERS_BIN", str(Path.home() / ".cache/pdplane-peers/bin")))
 MODEL = "llama-3.3-70b-fp8"
 ROUTING_OVERRIDES: dict[str, float] = {}  # --routing kv_overlap_weight=2,load_weight=1
+KV_TOKENS = [0]  # per engine, as the control plane's table would say (from --num-gpu-blocks)
 ALL_ROUTERS = ("pdplane", "pdplane-events", "round-robin", "vllm-router", "sglang-router")
 
 
@@ -82,7 +83,8 @@ class Router:
         if name.startswith("pdplane"):
             if endpoints.get("engines"):
                 table = table_from_sim_endpoints(endpoints, mode="aggregated",
-                                                 routing=ROUTING_OVERRIDES or None)
+                                                 routing=ROUTING_OVERRIDES or None,
+                                                 kv_tokens=KV_TOKENS[0])
             else:
                 table = static_table(MODEL, [{"url": u} for u in urls])
             table_path = workdir / f"table-{self.port}.json"
@@ -305,6 +307,7 @@ def main() -> int:
     for item in filter(None, args.routing.split(",")):
         key, _, value = item.partition("=")
         ROUTING_OVERRIDES[key] = float(value)
+    KV_TOKENS[0] = max(args.num_gpu_blocks, 0) * 16
     names, skipped = available(args.routers.split(","))
     for name, why in skipped.items():
         print(f"skipping {name}: {why}", flush=True)

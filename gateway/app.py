@@ -163,6 +163,10 @@ class Gateway:
 
     def _table_changed(self, table: RoutingTable) -> None:
         self.metrics.table_version.set(table.version)
+        for model in table.models.values():
+            for worker in model.workers:
+                # One approximate chunk ≈ one routing block of tokens.
+                self.approx.set_capacity(worker.id, worker.kv_tokens // model.block_size)
         if self.subscriber is not None:
             # RuntimeError: no running loop yet (table applied before start-up).
             with contextlib.suppress(RuntimeError):

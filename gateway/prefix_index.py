@@ -115,13 +115,28 @@ class TokenEstimator:
 
 
 class ApproxPrefixIndex:
+    """Chunk hash → workers believed to hold it, with a TTL and, per worker, an LRU bounded
+    by the worker's KV capacity (``set_capacity``): an engine evicts least-recently-used
+    blocks when full, so believing it still holds everything it was ever sent would send
+    requests after prefixes long gone."""
+
     def __init__(self, ttl_s: float = 120.0, max_entries: int = 500_000):
         self.ttl_s = ttl_s
         self.max_entries = max_entries
         self._entries: OrderedDict[tuple[str, bytes], dict[str, float]] = OrderedDict()
+        self._lru: dict[str, OrderedDict[tuple[str, bytes], None]] = {}
+        self._capacity: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def set_capacity(self, worker_id: str, chunks: int | None) -> None:
+        """At most ``chunks`` entries are remembered for the worker (None/0: no bound)."""
+        if chunks:
+            self._capacity[worker_id] = int(chunks)
+            self._trim(worker_id)
+        else:
+            self._capacity.pop(worker_id, None)
 
     def match(self, model: str, hashes: Sequence[bytes], now: float) -> dict[str, int]:
         """Worker id → number of leading chunks it is believed to hold."""
@@ -141,6 +156,7 @@ class ApproxPrefixIndex:
 
     def record(self, model: str, hashes: Iterable[bytes], worker_id: str, now: float) -> None:
         expiry = now + self.ttl_s
+        lru = self._lru.setdefault(worker_id, OrderedDict())
         for h in hashes:
             key = (model, h)
             holders = self._entries.get(key)
@@ -149,12 +165,34 @@ class ApproxPrefixIndex:
             else:
                 self._entries.move_to_end(key)
             holders[worker_id] = expiry
+            lru[key] = None
+            lru.move_to_end(key)
+        self._trim(worker_id)
         while len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
+            key, holders = self._entries.popitem(last=False)
+            for w in holders:
+                self._lru.get(w, {}).pop(key, None)
+
+    def _trim(self, worker_id: str) -> None:
+        cap = self._capacity.get(worker_id)
+        lru = self._lru.get(worker_id)
+        if not cap or lru is None:
+            return
+        while len(lru) > cap:
+            key, _ = lru.popitem(last=False)
+            holders = self._entries.get(key)
+            if holders is not None:
+                holders.pop(worker_id, None)
+                if not holders:
+                    del self._entries[key]
 
     def forget_worker(self, worker_id: str) -> None:
-        for holders in self._entries.values():
-            holders.pop(worker_id, None)
+        for key in self._lru.pop(worker_id, {}):
+            holders = self._entries.get(key)
+            if holders is not None:
+                holders.pop(worker_id, None)
+                if not holders:
+                    del self._entries[key]
 
     def expire(self, now: float) -> None:
         """Drop expired holders (run now and then; match() ignores them anyway)."""
@@ -162,6 +200,7 @@ class ApproxPrefixIndex:
         for key, holders in self._entries.items():
             for w in [w for w, t in holders.items() if t <= now]:
                 del holders[w]
+                self._lru.get(w, {}).pop(key, None)
             if not holders:
                 dead.append(key)
         for key in dead:

@@ -87,6 +87,7 @@ def table_from_sim_endpoints(endpoints: dict[str, Any], **kwargs: Any) -> dict[s
         raise ValueError("the endpoints document lists no engines")
     model = kwargs.pop("model", None) or engines[0]["model"]
     roles = kwargs.pop("roles", None) or {}
+    kv_tokens = int(kwargs.pop("kv_tokens", 0))
     workers = [
         {
             "id": e["id"],
@@ -97,6 +98,7 @@ def table_from_sim_endpoints(endpoints: dict[str, Any], **kwargs: Any) -> dict[s
             "metrics_url": e.get("metrics_url"),
             "kv_events_endpoint": e.get("kv_events_endpoint") or None,
             "kv_replay_endpoint": e.get("kv_replay_endpoint") or None,
+            "kv_tokens": kv_tokens,
         }
         for e in engines
         if e["model"] == model

@@ -156,3 +156,19 @@ def test_precise_hash_is_independent_of_engine_hashes():
     b.apply("w", [stored([77, 88], None, tokens)])
     assert a.match(tokens) == b.match(tokens) == {"w": 32}
     assert token_block_hashes(tokens, 16) == token_block_hashes([*tokens, 1, 2], 16)
+
+
+def test_approx_index_forgets_least_recently_used_beyond_worker_capacity():
+    index = ApproxPrefixIndex(ttl_s=100)
+    index.set_capacity("w1", 4)
+    old = text_chunk_hashes("o" * 96, 32)  # 3 chunks
+    new = text_chunk_hashes("n" * 96, 32)
+    index.record("m", old, "w1", now=0)
+    index.record("m", new, "w1", now=1)  # 6 > 4: the two oldest chunks are forgotten
+    assert index.match("m", new, now=2) == {"w1": 3}
+    assert index.match("m", old, now=2) == {}  # its first chunk is gone: no prefix left
+    index.record("m", old, "w2", now=2)  # other workers are unaffected
+    assert index.match("m", old, now=3) == {"w2": 3}
+    index.set_capacity("w1", None)
+    index.record("m", old, "w1", now=3)
+    assert index.match("m", old, now=4) == {"w1": 3, "w2": 3}
