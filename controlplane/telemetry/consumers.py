@@ -96,7 +96,14 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.background: set[asyncio.Task] = set()
         from .tokens import node_for_token
 
-        self.node = await database_sync_to_async(node_for_token)(bearer_token(self.scope))
+        try:
+            self.node = await database_sync_to_async(node_for_token)(bearer_token(self.scope))
+        except Exception:  # database down: the agent retries with backoff
+            log.exception("agent token lookup failed")
+            await self.send_error(proto.ProtocolError(proto.ErrorCode.INTERNAL,
+                                                      "server cannot check tokens now"))
+            await self.close(code=1011)
+            return
         if self.node is None:
             await self.send_error(proto.ProtocolError("unauthorized", "unknown or missing "
                                                       "bearer token"))

@@ -175,6 +175,8 @@ _writers: dict[int, HotStateWriter] = {}
 def get_writer() -> HotStateWriter:
     """The writer of the running event loop (one per process in a server)."""
     loop = asyncio.get_running_loop()
+    for key in [k for k, w in _writers.items() if w.loop.is_closed()]:
+        del _writers[key]  # loops of finished asyncio.run() calls (tests, scripts)
     writer = _writers.get(id(loop))
     if writer is None or writer.loop is not loop or writer.keys.p != prefix():
         writer = HotStateWriter(settings.REDIS_URL, Keys())
@@ -185,7 +187,7 @@ def get_writer() -> HotStateWriter:
 # --------------------------------------------------------------------------- reads
 
 _sync_clients: dict[str, redis.Redis] = {}
-_async_clients: dict[tuple[int, str], aioredis.Redis] = {}
+_async_clients: dict[tuple[int, str], tuple[asyncio.AbstractEventLoop, aioredis.Redis]] = {}
 
 
 def sync_redis() -> redis.Redis:
@@ -197,11 +199,14 @@ def sync_redis() -> redis.Redis:
 
 
 def async_redis() -> aioredis.Redis:
-    key = (id(asyncio.get_running_loop()), settings.REDIS_URL)
-    client = _async_clients.get(key)
-    if client is None:
-        client = _async_clients[key] = aioredis.Redis.from_url(settings.REDIS_URL)
-    return client
+    loop = asyncio.get_running_loop()
+    key = (id(loop), settings.REDIS_URL)
+    entry = _async_clients.get(key)
+    if entry is None or entry[0] is not loop:
+        for stale in [k for k, (lp, _) in _async_clients.items() if lp.is_closed()]:
+            del _async_clients[stale]
+        entry = _async_clients[key] = (loop, aioredis.Redis.from_url(settings.REDIS_URL))
+    return entry[1]
 
 
 # One round trip: look up the cluster of an entity, then read its field.
