@@ -10,6 +10,7 @@ input, and one node's garbage cannot affect another node's connection.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -140,10 +141,13 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return
         try:
             await self._receive(text_data if text_data is not None else bytes_data)
+        except OSError:
+            return  # the agent is gone (uvicorn's ClientDisconnected): nobody to answer
         except Exception:  # a bug must cost one frame, not the connection
             log.exception("agent consumer failed on a frame from node %s", self.node.pk)
-            await self.send_error(proto.ProtocolError(proto.ErrorCode.INTERNAL,
-                                                      "server error; frame dropped"))
+            with contextlib.suppress(OSError):
+                await self.send_error(proto.ProtocolError(proto.ErrorCode.INTERNAL,
+                                                          "server error; frame dropped"))
 
     async def _count_error(self) -> bool:
         """Record an error; True when the connection has produced too many and is closed."""
