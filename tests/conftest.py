@@ -50,7 +50,30 @@ def python_env(**overrides: str | None) -> dict[str, str]:
     return env
 
 
-def run_python(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+def run_python(
+    *args: str, env: dict | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
     )
+
+
+# Hot state lives in a shared Redis, and a fresh test database restarts primary keys at 1:
+# keys left by an earlier run could describe this run's node 1. A per-run key prefix (set
+# before any subprocess starts, so servers and agents inherit it) keeps runs apart.
+os.environ.setdefault("PDPLANE_TELEMETRY_PREFIX", f"pdp:test:{os.getpid()}:{int(time.time())}:")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _drop_hot_state_of_this_run():
+    yield
+    prefix = os.environ["PDPLANE_TELEMETRY_PREFIX"]
+    try:
+        import redis
+        from django.conf import settings
+
+        client = redis.Redis.from_url(settings.REDIS_URL)
+        for key in client.scan_iter(match=prefix + "*", count=1000):
+            client.delete(key)
+    except Exception:  # cleanup is best effort; never fail the run for it
+        pass

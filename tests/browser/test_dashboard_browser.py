@@ -69,3 +69,32 @@ def test_viewer_sees_no_drain_button_operator_does(asgi_server, page):
     page.wait_for_selector("text=Drain requested")
     assert node.workers.get(name="engine-0").state == "draining"
     screenshot(page, "node-page-drained")
+
+
+def test_operator_approves_a_plan_in_the_browser_viewer_cannot(asgi_server, page):
+    from controlplane.planner.models import Plan
+    from controlplane.topology.models import ServedModel
+
+    call_command("load_sample_fleets", stdout=io.StringIO())
+    make_user("viewer")
+    make_user("operator")
+    model = ServedModel.objects.get(cluster__name="two-rtxpro-servers")
+    plan = Plan.objects.create(
+        cluster=model.cluster, served_model=model, current_layout="aggregated",
+        target_layout="2P:6D", explanation="long prompts push ITL p95 over 50 ms → split",
+        diff=[],
+    )
+    login(page, asgi_server, "viewer1", PASSWORD)
+    page.goto(f"{asgi_server}/models/")
+    assert "long prompts push ITL" in page.inner_text(f"#plan-{plan.pk}")
+    assert page.locator(f"#plan-{plan.pk} button.approve").count() == 0
+
+    page.context.clear_cookies()
+    login(page, asgi_server, "operator1", PASSWORD)
+    page.goto(f"{asgi_server}/models/")
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click(f"#plan-{plan.pk} button.approve")
+    page.wait_for_selector(f"text=Plan #{plan.pk} approved")
+    plan.refresh_from_db()
+    assert plan.status != "proposed" and plan.decided_by.username == "operator1"
+    screenshot(page, "plan-approved")

@@ -3,7 +3,9 @@ import pytest
 from controlplane.core import envconfig as ec
 
 
-@pytest.mark.parametrize("raw,expected", [("1", True), ("TRUE", True), ("off", False), ("0", False)])
+@pytest.mark.parametrize(
+    "raw,expected", [("1", True), ("TRUE", True), ("off", False), ("0", False)]
+)
 def test_bool_words(raw, expected):
     assert ec.env_bool({"DEBUG": raw}, "DEBUG", not expected) is expected
 
