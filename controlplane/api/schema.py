@@ -25,6 +25,7 @@ ERROR_STATUSES = {
     "412": "If-Match does not match the current ETag",
     "415": "Unsupported media type (send application/json)",
     "422": "Idempotency-Key reused with a different request",
+    "503": "A backing service (live state) is unavailable",
 }
 
 

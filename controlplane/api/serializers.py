@@ -129,10 +129,18 @@ class ServedModelSerializer(ModelCleanSerializer):
                   "weight_bytes", "kv_block_size", "max_model_len", "created", "updated"]
 
 
+class WorkerGPURef(NestedRef):
+    """A worker's GPUs are all on its node, so ``gpu<index>`` names one without loading
+    the node again for every GPU of every worker on the page."""
+
+    def to_representation(self, value):
+        return {"id": value.pk, "display": f"gpu{value.index}"}
+
+
 class WorkerSerializer(ModelCleanSerializer):
     served_model = NestedRef(queryset=ServedModel.objects.all())
     node = NestedRef(queryset=Node.objects.all())
-    gpus = NestedRef(queryset=GPU.objects.select_related("node"), many=True, required=False)
+    gpus = WorkerGPURef(queryset=GPU.objects.select_related("node"), many=True, required=False)
     observed_role = serializers.ChoiceField(
         choices=[("", "Not reported yet"), *Role.choices], read_only=True
     )
@@ -198,6 +206,12 @@ class EffectivePolicySerializer(serializers.Serializer):
     served_model = serializers.IntegerField()
     policy = serializers.DictField()
     sources = serializers.DictField(child=serializers.CharField())
+
+
+class PublishResultSerializer(serializers.Serializer):
+    cluster = serializers.IntegerField()
+    changed = serializers.BooleanField()
+    version = serializers.IntegerField(allow_null=True)
 
 
 class WorkerActionSerializer(serializers.Serializer):

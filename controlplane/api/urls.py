@@ -4,7 +4,7 @@ from rest_framework.routers import DefaultRouter
 
 from controlplane.alerts.api import register as register_alert_resources
 
-from . import views
+from . import views, views_live
 
 app_name = "api"
 
@@ -20,6 +20,7 @@ router.register("gateways", views.GatewayViewSet)
 router.register("policies", views.PolicyViewSet)
 router.register("audit", views.ChangeRecordViewSet)
 router.register("tokens", views.APITokenViewSet)
+router.register("routing-tables", views_live.RoutingTableViewSet)
 register_alert_resources(router)  # alerts, rules, silences, webhook endpoints/deliveries
 
 urlpatterns = [

@@ -3,16 +3,16 @@ all (permissions, restrict(), brief, ETag/If-Match, Idempotency-Key) lives in th
 
 from __future__ import annotations
 
-from functools import cache
-
 from django.db import transaction
+from django.db.models import Count, OuterRef, Prefetch, Subquery
+from django.db.models.functions import Coalesce
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from controlplane.accounts.models import APIToken
-from controlplane.accounts.roles import ACTION, READ, may_issue_scope, restrict
+from controlplane.accounts.roles import ACTION, READ, may_issue_scope
 from controlplane.audit.models import ChangeRecord
 from controlplane.policies.effective import PolicyError
 from controlplane.policies.models import Policy, effective_policy_for
@@ -29,8 +29,10 @@ from controlplane.topology.models import (
 
 from . import hooks
 from . import serializers as s
+from . import views_live as live_views
+from .base import PdplaneModelViewSet, RestrictedMixin
 from .errors import Conflict, error_body
-from .mixins import ETagMixin, idempotent
+from .mixins import idempotent
 from .permissions import request_token
 
 ERRORS = {
@@ -39,43 +41,11 @@ ERRORS = {
 }
 
 
-def _is_brief(request) -> bool:
-    return request is not None and request.query_params.get("brief", "").lower() in {
-        "1", "true", "yes"}
-
-
-@cache
-def _brief(full, extra):
-    return s.brief_serializer(full, extra)
-
-
-class RestrictedMixin:
-    """Lists and lookups go through roles.restrict(); brief serializer on ``?brief=1``."""
-
-    brief_fields: tuple[str, ...] = ()
-    filter_fields: dict[str, str] = {}
-
-    def get_queryset(self):
-        return restrict(
-            super().get_queryset(), self.request.user, READ, request_token(self.request)
-        )
-
-    def is_brief(self) -> bool:
-        return self.action in {"list", "retrieve"} and _is_brief(self.request)
-
-    def get_serializer_class(self):
-        full = super().get_serializer_class()
-        if self.is_brief() and issubclass(full, s.ModelCleanSerializer):
-            return _brief(full, self.brief_fields)
-        return full
-
-
-class PdplaneModelViewSet(RestrictedMixin, ETagMixin, viewsets.ModelViewSet):
-    @idempotent
-    def create(self, request, *args, **kwargs):
-        return super().create(request, *args, **kwargs)
-
-
+@extend_schema_view(
+    live=extend_schema(responses={200: live_views.ClusterLiveSerializer, 503: None}),
+    publish_routing_table=extend_schema(
+        request=s.WorkerActionSerializer, responses={200: s.PublishResultSerializer}),
+)
 class ClusterViewSet(PdplaneModelViewSet):
     queryset = Cluster.objects.all()
     serializer_class = s.ClusterSerializer
@@ -83,17 +53,45 @@ class ClusterViewSet(PdplaneModelViewSet):
     filter_fields = {"name": "name"}
     ordering_fields = ["name", "created"]
 
+    def required_action(self, request):
+        return ACTION if self.action == "publish_routing_table" else None
+
+    @action(detail=True, methods=["get"])
+    def live(self, request, pk=None):
+        """Live state of every node and worker of the cluster (from telemetry)."""
+        return live_views.live_cluster(self, self.get_object())
+
+    @action(detail=True, methods=["post"], url_path="publish-routing-table")
+    @idempotent
+    def publish_routing_table(self, request, pk=None):
+        """Rebuild the cluster's routing table now and push it if it changed."""
+        from controlplane import audit
+        from controlplane.routing.service import publish
+
+        body = s.WorkerActionSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        cluster = self.get_object()
+        reason = body.validated_data.get("reason") or "requested through the API"
+        row = publish(cluster.pk, cause=reason, actor=audit.current_actor().name)
+        audit.log_action(cluster, "publish_routing_table",
+                         {"reason": reason, "version": row.version if row else None})
+        return Response(s.PublishResultSerializer(
+            {"cluster": cluster.pk, "changed": row is not None,
+             "version": row.version if row else None}).data)
+
 
 class FabricViewSet(PdplaneModelViewSet):
-    queryset = Fabric.objects.select_related("cluster")
+    queryset = Fabric.objects.select_related("cluster").order_by("cluster_id", "name")
     serializer_class = s.FabricSerializer
     brief_fields = ("name",)
     filter_fields = {"cluster_id": "cluster_id", "name": "name", "transport": "transport"}
     ordering_fields = ["name", "line_rate_gbps"]
 
 
+@extend_schema_view(live=extend_schema(responses={200: live_views.LiveStateSerializer,
+                                                 503: None}))
 class NodeViewSet(PdplaneModelViewSet):
-    queryset = Node.objects.select_related("cluster")
+    queryset = Node.objects.select_related("cluster").order_by("cluster_id", "rack", "hostname")
     serializer_class = s.NodeSerializer
     brief_fields = ("hostname", "status")
     filter_fields = {
@@ -106,17 +104,23 @@ class NodeViewSet(PdplaneModelViewSet):
     }
     ordering_fields = ["hostname", "rack", "zone", "status", "last_seen", "created"]
 
-    def get_queryset(self):
-        from django.db.models import Count
+    @action(detail=True, methods=["get"])
+    def live(self, request, pk=None):
+        """The node's latest telemetry report (GPUs, NICs, engines), or null."""
+        return live_views.live_node(self, self.get_object())
 
+    def get_queryset(self):
         queryset = super().get_queryset()
         if self.action == "list":
-            queryset = queryset.annotate(gpu_count=Count("gpus"))
+            # A subquery, not Count() over a join: the page's COUNT(*) stays a plain count.
+            per_node = (GPU.objects.filter(node=OuterRef("pk")).order_by()
+                        .values("node").annotate(n=Count("pk")).values("n"))
+            queryset = queryset.annotate(gpu_count=Coalesce(Subquery(per_node), 0))
         return queryset
 
 
 class GPUViewSet(PdplaneModelViewSet):
-    queryset = GPU.objects.select_related("node")
+    queryset = GPU.objects.select_related("node").order_by("node_id", "index")
     serializer_class = s.GPUSerializer
     brief_fields = ("uuid", "index")
     filter_fields = {
@@ -131,7 +135,7 @@ class GPUViewSet(PdplaneModelViewSet):
 
 
 class NICViewSet(PdplaneModelViewSet):
-    queryset = NIC.objects.select_related("node", "fabric__cluster")
+    queryset = NIC.objects.select_related("node", "fabric__cluster").order_by("node_id", "name")
     serializer_class = s.NICSerializer
     brief_fields = ("name",)
     filter_fields = {
@@ -148,7 +152,7 @@ class NICViewSet(PdplaneModelViewSet):
     effective_policy=extend_schema(responses={200: s.EffectivePolicySerializer, 409: None})
 )
 class ServedModelViewSet(PdplaneModelViewSet):
-    queryset = ServedModel.objects.select_related("cluster")
+    queryset = ServedModel.objects.select_related("cluster").order_by("cluster_id", "name")
     serializer_class = s.ServedModelSerializer
     brief_fields = ("name",)
     filter_fields = {"cluster_id": "cluster_id", "name": "name"}
@@ -171,10 +175,13 @@ class ServedModelViewSet(PdplaneModelViewSet):
                         responses={200: s.WorkerSerializer, 409: None}),
     resume=extend_schema(request=s.WorkerActionSerializer,
                          responses={200: s.WorkerSerializer, 409: None}),
+    live=extend_schema(responses={200: live_views.LiveStateSerializer, 503: None}),
 )
 class WorkerViewSet(PdplaneModelViewSet):
-    queryset = Worker.objects.select_related("node", "served_model").prefetch_related(
-        "gpus__node"
+    queryset = (
+        Worker.objects.select_related("node", "served_model")
+        .prefetch_related(Prefetch("gpus", GPU.objects.only("id", "index", "node_id")))
+        .order_by("served_model_id", "node_id", "name")
     )
     serializer_class = s.WorkerSerializer
     brief_fields = ("name", "state", "desired_role")
@@ -190,6 +197,11 @@ class WorkerViewSet(PdplaneModelViewSet):
 
     def required_action(self, request):
         return ACTION if self.action in {"drain", "resume"} else None
+
+    @action(detail=True, methods=["get"])
+    def live(self, request, pk=None):
+        """The worker's latest engine metrics (queue, KV use, latency), or null."""
+        return live_views.live_worker(self, self.get_object())
 
     @action(detail=True, methods=["post"])
     @idempotent
@@ -230,7 +242,7 @@ class WorkerViewSet(PdplaneModelViewSet):
 
 
 class GatewayViewSet(PdplaneModelViewSet):
-    queryset = Gateway.objects.select_related("cluster")
+    queryset = Gateway.objects.select_related("cluster").order_by("cluster_id", "name")
     serializer_class = s.GatewaySerializer
     brief_fields = ("name",)
     filter_fields = {"cluster_id": "cluster_id", "name": "name", "kind": "kind"}
@@ -238,7 +250,7 @@ class GatewayViewSet(PdplaneModelViewSet):
 
 
 class PolicyViewSet(PdplaneModelViewSet):
-    queryset = Policy.objects.select_related("cluster", "served_model")
+    queryset = Policy.objects.select_related("cluster", "served_model").order_by("id")
     serializer_class = s.PolicySerializer
     filter_fields = {"cluster_id": "cluster_id", "served_model_id": "served_model_id"}
     ordering_fields = ["id", "created"]
