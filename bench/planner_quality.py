@@ -135,7 +135,8 @@ class PlannerController:
         self.changed_at: dict[str, float] = {}
         self.policy = EffectivePolicy(
             ttft_p95_ms=slo["ttft_ms"], itl_p95_ms=slo["itl_ms"], cooldown_s=120,
-            max_changes_per_cycle=4, hysteresis=0.10, rebalancing_mode="auto",
+            max_changes_per_cycle=max(4, len(self.workers) // 4), hysteresis=0.10,
+            rebalancing_mode="auto",
         )
         self.peak = 0.0
         self.isl = self.osl = 0.0

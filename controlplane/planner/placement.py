@@ -30,7 +30,7 @@ class WorkerInput:
     name: str
     node: str
     nvlink_group: int | None = None
-    role: str = "both"  # desired role now: prefill | decode | both
+    role: str = "both"  # prefill | decode | both: the role it has, or drains toward
     state: str = "active"  # active | draining | …
     changed_at: float | None = None  # epoch seconds of the last role change
     running: int = 0

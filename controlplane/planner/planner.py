@@ -283,7 +283,10 @@ def plan_model(
     stale = sum(1 for x in workers if x.stale)
     if stale * 2 > len(workers):
         return decision("hold", "fail-static", notes=[f"{stale} of {len(workers)} workers stale"])
-    if inp.change_in_progress or any(x.state == "draining" for x in workers):
+    # An open plan (approved, still draining) holds the model: one plan at a time keeps the
+    # record readable. Workers draining outside a plan count with the role they are
+    # heading to and are simply not eligible to change again.
+    if inp.change_in_progress:
         return decision("hold", "change-in-progress")
 
     topo = Topology(workers, inp.node_links)
