@@ -10,6 +10,7 @@ scrape time by :class:`StateCollector` instead of being pushed.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 
@@ -22,6 +23,8 @@ from prometheus_client import (
     multiprocess,
 )
 from prometheus_client.core import GaugeMetricFamily
+
+log = logging.getLogger(__name__)
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -137,7 +140,11 @@ def exposition() -> tuple[bytes, str]:
     output = generate_latest(registry)
     state = CollectorRegistry()
     state.register(StateCollector())
-    return output + generate_latest(state), CONTENT_TYPE_LATEST
+    try:
+        output += generate_latest(state)
+    except Exception as exc:  # database down: still serve the process metrics
+        log.warning("state metrics unavailable: %s", exc)
+    return output, CONTENT_TYPE_LATEST
 
 
 def install_celery_hooks() -> None:

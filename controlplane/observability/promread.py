@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 
 from prometheus_api_client import PrometheusConnect
+from urllib3.util.retry import Retry
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,11 @@ def rate_query(names: tuple[str, ...], labels: dict[str, str], window: str) -> s
     return _either(names, labels, f"sum(rate({{m}}[{window}]))")
 
 
+def prom_duration(seconds: float) -> str:
+    """A Prometheus duration: integer milliseconds ("3.0s" is refused as bad_data)."""
+    return f"{max(round(seconds * 1000), 1)}ms"
+
+
 class FleetLatencyReader:
     """Queries Prometheus for per-model and per-worker figures, cached for ``cache_s``."""
 
@@ -80,7 +86,10 @@ class FleetLatencyReader:
         self.timeout_s = timeout_s
         self.cache_s = cache_s
         self.window = window
-        self._client = PrometheusConnect(url=url, disable_ssl=True, timeout=timeout_s)
+        # No retries: the client's default (3, with backoff) turns "Prometheus is down" into
+        # seconds of stall per planning cycle; one failed query is enough to fall back.
+        self._client = PrometheusConnect(url=url, disable_ssl=True, timeout=timeout_s,
+                                         retry=Retry(total=0))
         self._cache: dict[tuple, tuple[float, LatencyFigures | None]] = {}
 
     def model_figures(self, model_name: str) -> LatencyFigures | None:
@@ -105,7 +114,7 @@ class FleetLatencyReader:
         return figures
 
     def _scalar(self, query: str) -> float | None:
-        result = self._client.custom_query(query, params={"timeout": f"{self.timeout_s}s"})
+        result = self._client.custom_query(query, params={"timeout": prom_duration(self.timeout_s)})
         if not result:
             return None
         value = float(result[0]["value"][1])
