@@ -42,8 +42,29 @@ def reconcile_inventory(node: Node, inventory: dict) -> ReconcileResult:
     return result
 
 
+def nvlink_groups(gpus: list[dict]) -> dict[int, int]:
+    """GPU index → NVLink group number (the lowest index of its connected set of peers);
+    GPUs without peers get no group."""
+    peers = {g["index"]: set(g.get("nvlink_peers") or ()) for g in gpus}
+    group: dict[int, int] = {}
+    for start in sorted(peers):
+        if start in group or not peers[start]:
+            continue
+        stack, members = [start], set()
+        while stack:
+            i = stack.pop()
+            if i in members or i not in peers:
+                continue
+            members.add(i)
+            stack.extend(peers[i] - members)
+        for i in members:
+            group[i] = min(members)
+    return group
+
+
 def _reconcile_gpus(node: Node, gpus: list[dict], result: ReconcileResult) -> None:
     existing = {g.index: g for g in node.gpus.all()}
+    groups = nvlink_groups(gpus)
     announced = set()
     for item in gpus:
         index = item["index"]
@@ -59,7 +80,8 @@ def _reconcile_gpus(node: Node, gpus: list[dict], result: ReconcileResult) -> No
                 log.warning("node %s: GPU %s has no memory size; not added", node, index)
                 continue
             GPU.objects.create(node=node, index=index, uuid=uuid,
-                               product_name=item.get("name") or "unknown", memory_bytes=memory)
+                               product_name=item.get("name") or "unknown", memory_bytes=memory,
+                               nvlink_group=groups.get(index))
             result.created.append(f"gpu{index}")
             continue
         changed = []
@@ -72,6 +94,10 @@ def _reconcile_gpus(node: Node, gpus: list[dict], result: ReconcileResult) -> No
         if memory and gpu.memory_bytes != memory:
             gpu.memory_bytes = memory
             changed.append("memory_bytes")
+        # Only what the agent can see: an operator's grouping stays unless peers are reported.
+        if index in groups and gpu.nvlink_group != groups[index]:
+            gpu.nvlink_group = groups[index]
+            changed.append("nvlink_group")
         if changed:
             gpu.save(update_fields=[*changed, "updated"])
     gone = [g for i, g in existing.items() if i not in announced and not g.missing]

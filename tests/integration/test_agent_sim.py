@@ -27,7 +27,7 @@ import zmq
 from controlplane.telemetry import hotstate
 from controlplane.telemetry.commands import command_status, send_command
 from controlplane.telemetry.tokens import issue_token
-from controlplane.topology.models import Cluster, Node, ServedModel, Worker
+from controlplane.topology.models import GPU, Cluster, Node, ServedModel, Worker
 from tests.conftest import ROOT, free_port, python_env, wait_for_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True),
@@ -185,6 +185,9 @@ def test_agent_against_simulated_node(workdir, sim_fleet, settings):
         # 1. Reports arrive; the topology learns the engines.
         wait_until(lambda: Worker.objects.filter(node=node).count() == 2, 30, what="workers")
         workers = {w.name: w for w in Worker.objects.filter(node=node)}
+        gpus = GPU.objects.filter(node=node)
+        assert sorted(g.index for g in gpus) == [0, 1]
+        assert {g.nvlink_group for g in gpus} == {0}  # one NVLink group of two (sim config)
         wait_until(lambda: hotstate.worker_state(workers["e0"].pk), 15, what="hot state")
 
         # 2. Traffic with shared prefixes (KV events, prefix hits), then quiet.

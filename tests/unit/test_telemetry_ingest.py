@@ -65,3 +65,12 @@ def test_liveness_classification():
     assert classify(93, 100, 2, 20) == "stale"
     assert classify(74, 100, 2, 20) == "stale"  # 26 s = 6 + 20
     assert classify(73, 100, 2, 20) == "offline"
+
+
+def test_nvlink_groups_from_peers():
+    from controlplane.telemetry.reconcile import nvlink_groups
+
+    gpus = [{"index": 0, "nvlink_peers": [1]}, {"index": 1, "nvlink_peers": [0]},
+            {"index": 2, "nvlink_peers": [3]}, {"index": 3, "nvlink_peers": [2, 9]},
+            {"index": 4, "nvlink_peers": []}, {"index": 5}]
+    assert nvlink_groups(gpus) == {0: 0, 1: 0, 2: 2, 3: 2}

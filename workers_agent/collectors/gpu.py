@@ -109,10 +109,21 @@ class SimGpuCollector:
         self.rates = RateTracker()
 
     def inventory(self) -> list[dict]:
+        doc = self.source.fetch()
+        gpus = doc.get("gpus", [])
+        group = doc.get("nvlink_group_size") or 0  # GPUs index // group share NVLink
+
+        def peers(g: dict) -> list[int]:
+            if "nvlink_peers" in g:
+                return list(g["nvlink_peers"])
+            if group > 1:
+                return [o["index"] for o in gpus if o["index"] != g["index"]
+                        and o["index"] // group == g["index"] // group]
+            return []
+
         return [{"index": g["index"], "uuid": g["uuid"], "name": g.get("name") or "",
-                 "memory_total_bytes": int(g["memory_total_bytes"]),
-                 "nvlink_peers": g.get("nvlink_peers", [])}
-                for g in self.source.fetch().get("gpus", [])]
+                 "memory_total_bytes": int(g["memory_total_bytes"]), "nvlink_peers": peers(g)}
+                for g in gpus]
 
     def sample(self) -> list[dict]:
         now = time.monotonic()
