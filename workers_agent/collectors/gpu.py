@@ -38,9 +38,41 @@ class NvmlGpuCollector:
     def _text(self, value) -> str:
         return value.decode() if isinstance(value, bytes) else str(value)
 
+    def _nvlink_peers(self) -> dict[int, list[int]]:
+        """GPU index → indexes of the GPUs its active NVLinks reach (via PCI bus ids).
+        Links to NVSwitches show up as unknown bus ids and are ignored; then every GPU on
+        the switch is a peer of every other (``all_to_all`` when any link is up)."""
+        nvml = self.nvml
+        peers: dict[int, set[int]] = {}
+        try:
+            bus = {}
+            for i in range(self.count):
+                bus[self._text(nvml.nvmlDeviceGetPciInfo(self._handle(i)).busId).lower()] = i
+            switched = set()
+            for i in range(self.count):
+                h = self._handle(i)
+                for link in range(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18)):
+                    try:
+                        if nvml.nvmlDeviceGetNvLinkState(h, link) != 1:
+                            continue
+                        remote = self._text(nvml.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId)
+                    except Exception:
+                        continue
+                    j = bus.get(remote.lower())
+                    if j is None:
+                        switched.add(i)
+                    elif j != i:
+                        peers.setdefault(i, set()).add(j)
+            for i in switched:
+                peers.setdefault(i, set()).update(switched - {i})
+        except Exception as exc:
+            log.info("NVLink topology unavailable: %s", exc)
+        return {i: sorted(p) for i, p in peers.items()}
+
     def inventory(self) -> list[dict]:
         if not self.available:
             return []
+        peers = self._nvlink_peers()
         out = []
         for i in range(self.count):
             try:
@@ -50,7 +82,7 @@ class NvmlGpuCollector:
                     "uuid": self._text(self.nvml.nvmlDeviceGetUUID(h)),
                     "name": self._text(self.nvml.nvmlDeviceGetName(h)),
                     "memory_total_bytes": int(self.nvml.nvmlDeviceGetMemoryInfo(h).total),
-                    "nvlink_peers": [],
+                    "nvlink_peers": peers.get(i, []),
                 })
             except Exception as exc:
                 log.warning("NVML inventory of GPU %d failed: %s", i, exc)
