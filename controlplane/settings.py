@@ -253,6 +253,8 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "RoleEnum": "controlplane.topology.choices.Role",
         "SeverityEnum": "controlplane.alerts.models.Severity",
+        "PlanStatusEnum": "controlplane.planner.models.PlanStatus",
+        "NodeStatusEnum": "controlplane.topology.choices.NodeStatus",
     },
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
 }

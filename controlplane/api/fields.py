@@ -30,6 +30,7 @@ REF_SCHEMA = {
 
 class NestedRefExtension(OpenApiSerializerFieldExtension):
     target_class = "controlplane.api.fields.NestedRef"
+    match_subclasses = True
 
     def map_serializer_field(self, auto_schema, direction):
         schema = {"type": "integer"} if direction == "request" else dict(REF_SCHEMA)

@@ -4,7 +4,7 @@ from rest_framework.routers import DefaultRouter
 
 from controlplane.alerts.api import register as register_alert_resources
 
-from . import views, views_live
+from . import views, views_live, views_planner
 
 app_name = "api"
 
@@ -21,9 +21,11 @@ router.register("policies", views.PolicyViewSet)
 router.register("audit", views.ChangeRecordViewSet)
 router.register("tokens", views.APITokenViewSet)
 router.register("routing-tables", views_live.RoutingTableViewSet)
+router.register("plans", views_planner.PlanViewSet)
 register_alert_resources(router)  # alerts, rules, silences, webhook endpoints/deliveries
 
 urlpatterns = [
+    path("v1/what-if/", views_planner.WhatIfView.as_view(), name="what-if"),
     path("v1/", include(router.urls)),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),

@@ -32,6 +32,7 @@ NOT_AUDITED = {
     "alerts.evaluatormemory",
     "alerts.delivery",
     "alerts.deliveryattempt",
+    "planner.modelplannerstate",  # rewritten by every planning cycle
 }
 
 # Fields that change on their own (heartbeats, bookkeeping): an update touching only these
