@@ -87,6 +87,7 @@ class AgentTransport:
         self.last_error: dict | None = None
         self.pending_results: deque[dict] = deque(maxlen=64)
         self.stop_event = asyncio.Event()
+        self.clock_offset = 0.0  # server clock − agent clock, from welcome
         self._tasks: set[asyncio.Task] = set()
 
     # ------------------------------------------------------------------ top level
@@ -186,6 +187,8 @@ class AgentTransport:
         if errors:
             raise ServerClosed(None, f"bad welcome: {errors[0].reason} at {errors[0].path}")
         self.node_id = welcome["node_id"]
+        if isinstance(welcome.get("server_time"), int | float):
+            self.clock_offset = welcome["server_time"] - time.time()
         if not self.cfg.report_interval_s:
             self.interval = float(welcome["report_interval_s"])
         limits = welcome.get("limits") or {}
@@ -250,8 +253,11 @@ class AgentTransport:
 
     async def _run_command(self, ws, msg: dict) -> None:
         errors = proto.validate_command(msg)
+        expires_at = msg.get("expires_at")
         if errors:
             status, detail, values = "refused", errors[0].reason, {}
+        elif isinstance(expires_at, int | float) and time.time() + self.clock_offset > expires_at:
+            status, detail, values = "refused", "command expired before it arrived", {}
         else:
             log.info("command %s %s", msg["command"], msg.get("args"))
             status, detail, values = await self.runner.run(msg["command"], msg.get("args", {}))
