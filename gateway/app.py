@@ -103,6 +103,7 @@ class Gateway:
         self.precise: dict[str, PreciseIndex] = {}
         self.loads: defaultdict[str, WorkerLoad] = defaultdict(WorkerLoad)
         self.estimators: dict[str, TokenEstimator] = {}
+        self._sized_at: dict[str, float] = {}
         self.rng = random.Random(config.seed)
         self.session: aiohttp.ClientSession | None = None
         self.subscriber: KvEventSubscriber | None = None
@@ -164,13 +165,20 @@ class Gateway:
     def _table_changed(self, table: RoutingTable) -> None:
         self.metrics.table_version.set(table.version)
         for model in table.models.values():
-            for worker in model.workers:
-                # One approximate chunk ≈ one routing block of tokens.
-                self.approx.set_capacity(worker.id, worker.kv_tokens // model.block_size)
+            self._size_prefix_index(model)
         if self.subscriber is not None:
             # RuntimeError: no running loop yet (table applied before start-up).
             with contextlib.suppress(RuntimeError):
                 self.subscriber.sync(table)
+
+    def _size_prefix_index(self, model: ModelRoute) -> None:
+        """Bound each worker's approximate entries by its KV capacity, in chunks."""
+        estimator = self.estimators.setdefault(model.name, TokenEstimator())
+        chunk_chars = model.block_size * CHARS_PER_TOKEN
+        for worker in model.workers:
+            chunks = int(worker.kv_tokens * estimator.chars_per_token / chunk_chars)
+            self.approx.set_capacity(worker.id, chunks)
+        self._sized_at[model.name] = estimator.chars_per_token
 
     def _on_kv_events(self, model: str, worker_id: str, events) -> None:
         index = self.precise.setdefault(model, PreciseIndex())
@@ -473,7 +481,7 @@ class Gateway:
                                         headers=response_headers)
                 ttft = time.perf_counter() - started
                 self.metrics.ttft.labels(model.name).observe(ttft)
-                return await self._relay(request, upstream, response_headers, model)
+                return await self._relay(request, upstream, response_headers, model, prompt)
             finally:
                 upstream.close()
         finally:
@@ -523,19 +531,23 @@ class Gateway:
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise UpstreamFailure(upstream.worker_id, f"answer cut short: {exc!r}") from exc
 
-    async def _relay(self, request, upstream, headers, model) -> web.StreamResponse:
+    async def _relay(self, request, upstream, headers, model, prompt) -> web.StreamResponse:
         response = web.StreamResponse(status=200, headers=headers)
         await response.prepare(request)
         await response.write(upstream.first_chunk)
         last = time.perf_counter()
         itl = self.metrics.itl.labels(model.name)
+        tail = upstream.first_chunk
         try:
             async for chunk in upstream.response.content.iter_any():
                 now = time.perf_counter()
                 itl.observe(now - last)
                 last = now
+                tail = chunk
                 await response.write(chunk)
             await response.write_eof()
+            if b'"prompt_tokens"' in tail:  # stream_options.include_usage: learn from it
+                self._learn_from_stream_tail(model, prompt, tail)
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
             self.metrics.errors.labels(model.name, "client_disconnect").inc()
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
@@ -554,6 +566,12 @@ class Gateway:
         self.metrics.prefix_hit_tokens.labels(model.name).inc(plan.cached_tokens)
         self.metrics.prompt_tokens.labels(model.name).inc(prompt["tokens"])
 
+    def _learn_from_stream_tail(self, model, prompt, tail: bytes) -> None:
+        for line in reversed(tail.split(b"\n")):
+            if line.startswith(b"data:") and b'"prompt_tokens"' in line:
+                self._learn_tokens(model, prompt, line[5:].strip())
+                return
+
     def _learn_tokens(self, model, prompt, payload: bytes, answer=None) -> None:
         if not prompt["chars"]:
             return
@@ -563,7 +581,11 @@ class Gateway:
         except (orjson.JSONDecodeError, KeyError, TypeError):
             return
         if isinstance(tokens, int):
-            self.estimators[model.name].observe(prompt["chars"], tokens)
+            estimator = self.estimators[model.name]
+            estimator.observe(prompt["chars"], tokens)
+            sized = self._sized_at.get(model.name, 0.0)
+            if abs(estimator.chars_per_token - sized) > 0.05 * max(sized, 1.0):
+                self._size_prefix_index(model)
 
 
 def create_app(config: GatewayConfig) -> tuple[Gateway, web.Application]:
