@@ -102,6 +102,11 @@ def run_planning(cluster: Cluster, now: float | None = None) -> list[Plan]:
         state.last_inputs = inputs
         state.save()
         obs.PLANS.labels(d.action).inc()
+        if d.action == "keep":
+            # The planner no longer wants the change an older proposal asked for.
+            Plan.objects.filter(
+                served_model_id=d.served_model_id, status=PlanStatus.PROPOSED
+            ).update(status=PlanStatus.SUPERSEDED)
         if d.action != "change":
             continue
         mode = inp.policy.rebalancing_mode
