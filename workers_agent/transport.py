@@ -199,18 +199,24 @@ class AgentTransport:
         while self.pending_results:
             await ws.send(orjson.dumps(self.pending_results.popleft()).decode())
         sender = asyncio.create_task(self._send_loop(ws))
+        stopper = asyncio.create_task(self._close_on_stop(ws))
         try:
             async for raw in ws:
                 await self._on_message(ws, raw)
         except ConnectionClosed:
             pass
         finally:
-            sender.cancel()
-            with contextlib.suppress(asyncio.CancelledError, ConnectionClosed):
-                await sender
+            for task in (sender, stopper):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, ConnectionClosed):
+                    await task
         if ws.close_code in FATAL_CLOSE_CODES:
             raise ServerClosed(ws.close_code, ws.close_reason or "")
         return True
+
+    async def _close_on_stop(self, ws) -> None:
+        await self.stop_event.wait()
+        await ws.close(1001, "agent stopping")
 
     async def _send_loop(self, ws) -> None:
         min_gap = 1.0 / max(self.max_rate * 0.8, 0.1)
