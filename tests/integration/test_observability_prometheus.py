@@ -348,8 +348,12 @@ def test_prometheus_reads_match_engine_histograms_and_fall_back(tmp_path, settin
         assert model_figures.request_rate and model_figures.request_rate > 0
         assert model_figures.prompt_tokens_per_s and model_figures.prompt_tokens_per_s > 0
 
-        # Prometheus scraped the control plane too.
+        # Prometheus scraped the control plane too, and the Grafana dashboard's queries parse.
         assert prom.query("pdplane_agent_reports_ingested_total > 0")
+        dashboard = json.loads((ROOT / "docker/grafana/pdplane-dashboard.json").read_text())
+        for panel in dashboard["panels"]:
+            for target in panel.get("targets", []):
+                prom.query(target["expr"].replace("$__rate_interval", "30s"))
 
         # The planner's input reads Prometheus while it is up...
         settings.PROMETHEUS_URL = prom.url
