@@ -48,10 +48,21 @@ def build_body(endpoint: WebhookEndpoint, n: Notification, conf: AlertsConf, now
 
 
 def enqueue_notification(n: Notification, *, now: datetime, conf: AlertsConf) -> list[Delivery]:
-    """One delivery per enabled endpoint whose filters accept at least one of the alerts."""
+    """One delivery per enabled endpoint whose filters accept at least one of the alerts.
+
+    Resolved alerts go only to endpoints that were sent this group firing: an endpoint
+    added (or re-filtered) since must not hear "resolved" about something it never saw.
+    """
     created = []
     for endpoint in WebhookEndpoint.objects.filter(enabled=True):
-        alerts = [a for a in n.alerts if endpoint.accepts(a.labels)]
+        told_firing = Delivery.objects.filter(
+            endpoint=endpoint, group_key=n.group_key, notification_status=FIRING
+        ).exists()
+        alerts = [
+            a
+            for a in n.alerts
+            if endpoint.accepts(a.labels) and (a.status == FIRING or told_firing)
+        ]
         if not alerts:
             continue
         status = FIRING if any(a.status == FIRING for a in alerts) else RESOLVED

@@ -365,3 +365,20 @@ def test_expired_claim_is_resent_and_a_poison_message_gives_up(tmp_path):
         assert [a.outcome for a in lost.attempt_log.all()] == ["lost", "delivered"]
         assert poison.status == DeliveryStatus.FAILED
         assert [r["id"] for r in rx.requests()] == [lost.webhook_id]
+
+
+def test_endpoint_added_later_gets_no_resolved_for_what_it_never_saw(tmp_path):
+    first = make_endpoint("http://placeholder.invalid/", name="first")
+    with running_receiver(tmp_path, first.secret) as rx1:
+        first.url = rx1.url
+        first.save()
+        cycle("n1")
+        sweep_until_settled()
+        late = make_endpoint("http://placeholder.invalid/", name="late")
+        with running_receiver(tmp_path, late.secret) as rx2:
+            late.url = rx2.url
+            late.save()
+            cycle()
+            sweep_until_settled()
+            assert rx2.requests() == []
+        assert [r["body"]["status"] for r in rx1.delivered()] == ["firing", "resolved"]
