@@ -297,6 +297,8 @@ def main() -> int:
     p.add_argument("--latency-requests", type=int, default=1000)
     p.add_argument("--skip-quality", action="store_true")
     p.add_argument("--skip-latency", action="store_true")
+    p.add_argument("--no-capacity", action="store_true",
+                   help="leave workers' kv_tokens out of pdplane's table (unbounded index)")
     p.add_argument("--routing", default="",
                    help="table routing weights for pdplane, e.g. kv_overlap_weight=2")
     p.add_argument("--json", dest="json_out")
@@ -307,7 +309,7 @@ def main() -> int:
     for item in filter(None, args.routing.split(",")):
         key, _, value = item.partition("=")
         ROUTING_OVERRIDES[key] = float(value)
-    KV_TOKENS[0] = max(args.num_gpu_blocks, 0) * 16
+    KV_TOKENS[0] = 0 if args.no_capacity else max(args.num_gpu_blocks, 0) * 16
     names, skipped = available(args.routers.split(","))
     for name, why in skipped.items():
         print(f"skipping {name}: {why}", flush=True)

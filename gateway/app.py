@@ -172,11 +172,15 @@ class Gateway:
                 self.subscriber.sync(table)
 
     def _size_prefix_index(self, model: ModelRoute) -> None:
-        """Bound each worker's approximate entries by its KV capacity, in chunks."""
+        """Bound each worker's approximate entries by its KV capacity, in chunks.
+
+        Twice the nominal capacity: an engine's freed prefix blocks stay reusable until they
+        are overwritten, and the chunk ↔ token conversion is an estimate; on the Mooncake
+        benchmark a bound of 1× forgot prefixes the engines still held."""
         estimator = self.estimators.setdefault(model.name, TokenEstimator())
         chunk_chars = model.block_size * CHARS_PER_TOKEN
         for worker in model.workers:
-            chunks = int(worker.kv_tokens * estimator.chars_per_token / chunk_chars)
+            chunks = int(2 * worker.kv_tokens * estimator.chars_per_token / chunk_chars)
             self.approx.set_capacity(worker.id, chunks)
         self._sized_at[model.name] = estimator.chars_per_token
 
