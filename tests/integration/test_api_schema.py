@@ -54,6 +54,15 @@ def test_served_schema_matches_the_generated_one(client):
     assert Client().get("/api/schema/").status_code == 401
 
 
+def test_docs_ui_is_served_offline(client):
+    client.force_login(make_user("viewer", "reader"))
+    page = client.get("/api/docs/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "drf_spectacular_sidecar/swagger-ui-dist" in html
+    assert "cdn." not in html and "unpkg" not in html
+
+
 @pytest.fixture
 def wsgi_app():
     # A bare WSGI handler closes the database connection after each request, which would
