@@ -119,6 +119,8 @@ class AgentTransport:
             try:
                 report = await self.agent.acollect(self.counters())
                 self.buffer.push(report)
+            except OSError as exc:  # a source (sim node, engine) is unreachable right now
+                log.warning("collecting a report failed: %s", exc)
             except Exception:
                 log.exception("collecting a report failed")
             next_at += self.interval
