@@ -225,6 +225,13 @@ class APITokenSerializer(serializers.ModelSerializer):
                   "revoked"]
         read_only_fields = ["prefix", "created", "last_used_at", "revoked"]
 
+    def validate_expires(self, value):
+        from django.utils import timezone
+
+        if value is not None and value <= timezone.now():
+            raise serializers.ValidationError("Must be in the future.")
+        return value
+
 
 class APITokenCreatedSerializer(APITokenSerializer):
     token = serializers.CharField(read_only=True, help_text="Shown once; store it now")

@@ -61,6 +61,14 @@ def test_inactive_user_token_is_refused():
     assert _get(raw).status_code == 401
 
 
+def test_token_api_refuses_past_expiry():
+    client = APIClient()
+    client.force_login(make_user("admin"))
+    past = (timezone.now() - timedelta(days=1)).isoformat()
+    response = client.post("/api/v1/tokens/", {"scope": "read", "expires": past}, format="json")
+    assert response.status_code == 400 and "expires" in response.json()["error"]["fields"]
+
+
 def test_malformed_header_is_401():
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION="Bearer a b")
