@@ -89,3 +89,22 @@ def test_rollups_persist_fresh_state_once_per_run(fleet):
     assert (sample.running, sample.kv_usage) == (2, 0.5)
     assert NodeSample.objects.get(node=nodes[0]).gpu_utilization == 0.5
     assert hotstate.history("running", worker_id=worker.pk)[-1][1] == 2
+
+
+def test_async_read_api_matches_sync(fleet):
+    import asyncio
+
+    cluster, nodes, worker = fleet
+    write_report(nodes[0], worker, time.time())
+
+    async def read():
+        return (await hotstate.anode_state(nodes[0].pk), await hotstate.aworker_state(worker.pk),
+                await hotstate.acluster_snapshot(cluster.pk),
+                await hotstate.ahistory("running", worker_id=worker.pk))
+
+    node, work, snap, hist = asyncio.run(read())
+    assert node["node_id"] == nodes[0].pk and work["running"] == 2 and not work["stale"]
+    assert set(snap["workers"]) == {worker.pk} and hist[-1][1] == 2
+    assert hotstate.node_state(nodes[1].pk) is None  # never reported
+    with pytest.raises(ValueError):
+        hotstate.history("running", node_id=1, worker_id=2)
