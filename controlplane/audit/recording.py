@@ -10,7 +10,7 @@ from django.db import models
 
 from .context import current_actor, current_request_id
 from .models import ChangeAction, ChangeRecord
-from .registry import SECRET_FIELDS, VOLATILE_FIELDS
+from .registry import VOLATILE_FIELDS, is_secret
 
 log = logging.getLogger(__name__)
 MASK = "********"
@@ -26,7 +26,7 @@ def snapshot(instance: models.Model) -> dict:
         if field.name in VOLATILE_FIELDS:
             continue
         value = field.value_from_object(instance)
-        if field.name in SECRET_FIELDS:
+        if is_secret(field.name):
             value = MASK if value else ""
         data[field.attname if field.is_relation else field.name] = value
     # Round-trip through JSON so dates, decimals and UUIDs become strings like the API's.

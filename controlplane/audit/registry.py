@@ -39,8 +39,14 @@ NOT_AUDITED = {
 # is not recorded, and they are left out of before/after.
 VOLATILE_FIELDS = {"updated", "last_seen", "last_used_at", "last_ack_at", "last_login"}
 
-# Fields whose value never goes into the log.
+# Fields whose value never goes into the log: these names, and any name ending in
+# "secret", "_hash" or "password" (previous_secret, agent_token_hash, …).
 SECRET_FIELDS = {"password", "secret", "token_hash", "agent_token_hash"}
+SECRET_SUFFIXES = ("secret", "_hash", "password")
+
+
+def is_secret(field_name: str) -> bool:
+    return field_name in SECRET_FIELDS or field_name.endswith(SECRET_SUFFIXES)
 
 _extra: set[str] = set()
 _excluded: set[str] = set()

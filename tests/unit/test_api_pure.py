@@ -35,6 +35,13 @@ def test_scope_never_widens_role():
     assert roles.SCOPE_ALLOWS["write"] == {"read", "write", "action"}
 
 
+def test_secret_field_names():
+    from controlplane.audit.registry import is_secret
+
+    assert all(map(is_secret, ["secret", "previous_secret", "agent_token_hash", "password"]))
+    assert not any(map(is_secret, ["hostname", "secret_rotated_at", "token_id"]))
+
+
 def test_request_id_cleaning():
     assert context.clean_request_id("abc-1.2:3_x") == "abc-1.2:3_x"
     for bad in (None, "", "has space", "x" * 65, "é"):
