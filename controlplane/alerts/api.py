@@ -73,6 +73,12 @@ class AlertSerializer(serializers.ModelSerializer):
 
 
 class SilenceSerializer(ModelCleanSerializer):
+    matchers = serializers.DictField(
+        child=serializers.CharField(max_length=200),
+        allow_empty=False,
+        help_text='Label → value; alerts with all of them are muted, e.g. {"node": "gpu-07"}',
+    )
+
     class Meta:
         model = Silence
         fields = [
@@ -90,6 +96,12 @@ class SilenceSerializer(ModelCleanSerializer):
 
 class WebhookEndpointSerializer(ModelCleanSerializer):
     """Never includes the secret; see the create and rotate-secret responses."""
+
+    label_filters = serializers.DictField(
+        child=serializers.CharField(max_length=200),
+        required=False,
+        help_text='Send only alerts with these labels, e.g. {"cluster": "prod"}',
+    )
 
     class Meta:
         model = WebhookEndpoint
