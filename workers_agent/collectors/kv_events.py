@@ -300,7 +300,9 @@ class KVEventSubscriber:
                 if remaining <= 0 or not sock.poll(int(remaining * 1000) + 1):
                     log.warning("KV replay from %s timed out", self.replay_endpoint)
                     break
-                frames = [f for f in sock.recv_multipart()]
+                frames = sock.recv_multipart()
+                # An idle timeout, not a total one: a long buffer may take a while to stream.
+                deadline = time.monotonic() + self.replay_timeout_s
                 if frames and frames[0] == b"":
                     frames = frames[1:]
                 if len(frames) < 2 or len(frames[-2]) != 8:
