@@ -362,9 +362,10 @@ def validate_report(msg: Any, inventory: Inventory) -> list[ProtocolError]:
                 digest = kv.get("digest")
                 if digest is not None and (type(digest) is not str or len(digest) > 64):
                     c.string(kv, "digest", p, optional=True, max_len=64)
-                connected = kv.get("connected")
-                if connected is not None and type(connected) is not bool:
-                    c.boolean(kv, "connected", p)
+                for flag in ("connected", "complete"):
+                    value = kv.get(flag)
+                    if value is not None and type(value) is not bool:
+                        c.boolean(kv, flag, p)
     for i, nic in enumerate(c.objects(msg, "nics", "report", MAX_NICS)):
         name = nic.get("name")
         if type(name) is not str or name not in inventory.nic_names:

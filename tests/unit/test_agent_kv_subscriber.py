@@ -122,6 +122,7 @@ def test_late_subscriber_rebuilds_from_the_replay_buffer(pub):
         pub.publish([stored(99)])
         assert wait_for(lambda: sub.last_seq == 5)
         assert sub.block_count == 6 and sub.stats()["gaps"] == 0
+        assert sub.stats()["complete"] is True  # the replay reached back to seq 0
     finally:
         sub.stop()
 

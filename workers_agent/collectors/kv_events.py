@@ -164,6 +164,9 @@ class KVEventSubscriber:
         self.decode_errors = 0
         self.restarts = 0
         self.last_event_at: float | None = None
+        # True once the stream was followed from seq 0 (directly or by replay): only then
+        # is the block set the engine's whole cache, not just what happened since we joined.
+        self.complete = False
         self._lock = threading.Lock()
         self._sub: zmq.Socket | None = None
         self._thread: threading.Thread | None = None
@@ -280,6 +283,8 @@ class KVEventSubscriber:
         with self._lock:
             for event in events:
                 self.state.apply(event)
+            if seq == 0 or any(e.get("type") == "AllBlocksCleared" for e in events):
+                self.complete = True
             self.last_seq = seq
             self.batches += 1
             self.last_event_at = time.time()
@@ -342,4 +347,5 @@ class KVEventSubscriber:
                 "lost": self.lost,
                 "unknown_events": self.state.unknown_events,
                 "decode_errors": self.decode_errors,
+                "complete": self.complete,
             }
