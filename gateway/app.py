@@ -447,6 +447,9 @@ class Gateway:
         if "Authorization" in request.headers:
             headers["Authorization"] = request.headers["Authorization"]
         stream = bool(body.get("stream"))
+        # Remember the prefix at dispatch, not at the first token: requests sharing it that
+        # arrive while this one is still prefilling should follow it (as SGLang's tree does).
+        self._remember_prefix(model, plan, prompt)
         try:
             data = raw
             if plan.prefill:
@@ -468,7 +471,6 @@ class Gateway:
                     # that dies in between can still be replaced.
                     more = await self._read_more(upstream)
                     upstream.first_chunk += more
-                self._remember_prefix(model, plan, prompt)
                 reservation.prefill_done()
                 response_headers = {
                     **upstream.client_headers(),
