@@ -105,3 +105,18 @@ def test_create_demo_users(settings):
     users = {u.username: u for u in get_user_model().objects.filter(username__in=ROLES)}
     assert {name: role_of(user) for name, user in users.items()} == {r: r for r in ROLES}
     assert Client().login(username="operator", password="demo-pass-1")
+
+
+def test_admin_creates_a_token_and_sees_it_once():
+    admin = make_user("admin", "root")
+    client = Client()
+    client.force_login(admin)
+    response = client.post("/admin/accounts/apitoken/add/", {
+        "user": admin.pk, "description": "from admin", "scope": "read", "expires_0": "",
+        "expires_1": "",
+    }, follow=True)
+    assert response.status_code == 200
+    token = APIToken.objects.get(description="from admin")
+    shown = [str(m) for m in response.context["messages"]]
+    assert any(f"pdp_{token.prefix}_" in m for m in shown), shown
+    assert len(token.token_hash) == 64
