@@ -152,3 +152,18 @@ def test_rolled_back_change_leaves_no_record():
         Cluster.objects.create(name="ghost")
         raise RuntimeError
     assert not _records("topology.cluster")
+
+
+def test_ui_change_through_the_admin_is_recorded_as_the_user():
+    from django.test import Client
+
+    cluster = Cluster.objects.create(name="c5")
+    client = Client()
+    client.force_login(make_user("admin", "carol"))
+    response = client.post(f"/admin/topology/cluster/{cluster.pk}/change/",
+                           {"name": "c5", "description": "edited in the UI"},
+                           HTTP_X_REQUEST_ID="ui-1")
+    assert response.status_code == 302
+    (record,) = _records("topology.cluster", action="update")
+    assert (record.actor_kind, record.actor_name, record.request_id) == ("user", "carol", "ui-1")
+    assert record.after["description"] == "edited in the UI"
