@@ -28,8 +28,8 @@ done
 # prometheus_client's multiprocess files must not outlive the processes that wrote them:
 # a restarted container keeps its /tmp, so start from an empty directory.
 if [ -n "${PROMETHEUS_MULTIPROC_DIR:-}" ]; then
-    rm -rf "$PROMETHEUS_MULTIPROC_DIR"
     mkdir -p "$PROMETHEUS_MULTIPROC_DIR"
+    find "$PROMETHEUS_MULTIPROC_DIR" -mindepth 1 -maxdepth 1 -name '*.db' -delete
 fi
 
 exec "$@"
