@@ -133,14 +133,23 @@ def test_kv_subscriber_tracks_real_blocks_and_predicts_prefix_hits(engine_a):
         sub.close()
 
 
+def _publish_until_received(engine, sub: KVEventSubscriber, after: int | None) -> None:
+    """New prompts until the subscriber has a batch newer than ``after`` (a fresh SUB can
+    miss the first ones while its subscription travels to the publisher)."""
+    for _ in range(5):
+        probe.complete(engine.url, probe.unique_prompt(60), max_tokens=1)
+        _wait_caught_up(sub)
+        if sub.last_seq is not None and (after is None or sub.last_seq > after):
+            return
+    raise AssertionError("the subscriber received no KV events")
+
+
 def test_kv_subscriber_recovers_a_sequence_gap_by_replay(engine_a):
     sub = KVEventSubscriber(engine_a.kv_events_endpoint, engine_a.kv_replay_endpoint)
     try:
         sub.connect()
         time.sleep(0.5)
-        probe.complete(engine_a.url, probe.unique_prompt(60), max_tokens=1)
-        _wait_caught_up(sub)
-        assert sub.last_seq is not None
+        _publish_until_received(engine_a, sub, None)
         gaps_before, replayed_before = sub.gaps, sub.replayed
         seen = sub.last_seq
 
@@ -150,8 +159,8 @@ def test_kv_subscriber_recovers_a_sequence_gap_by_replay(engine_a):
         time.sleep(0.5)
         sub.connect()
         time.sleep(0.5)
-        probe.complete(engine_a.url, probe.unique_prompt(60), max_tokens=1)
-        _wait_caught_up(sub)
+        missed_up_to = seen + 3  # at least one batch per request published while away
+        _publish_until_received(engine_a, sub, missed_up_to)
 
         assert sub.gaps == gaps_before + 1
         assert sub.replayed - replayed_before >= 3, "the missed batches came back by replay"
@@ -169,8 +178,7 @@ def test_kv_subscriber_recovers_a_lost_tail(engine_a):
     try:
         sub.connect()
         time.sleep(0.5)
-        probe.complete(engine_a.url, probe.unique_prompt(60), max_tokens=1)
-        _wait_caught_up(sub)
+        _publish_until_received(engine_a, sub, None)
         sub.close()
         probe.complete(engine_a.url, probe.unique_prompt(60), max_tokens=1)
         time.sleep(0.5)

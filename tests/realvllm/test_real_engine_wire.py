@@ -142,24 +142,29 @@ def test_eviction_emits_block_removed_and_events_predict_prefix_hits(engine_a):
         assert hits == predicted, f"events predicted {predicted} cached tokens, vLLM hit {hits}"
 
 
+def publish_until_received(engine, tap: probe.KVEventTap, tries: int = 5) -> list[int]:
+    """Send new prompts until the tap receives batches (a new SUB can miss the first ones
+    while its subscription travels to the publisher, more so on a loaded machine)."""
+    for _ in range(tries):
+        probe.complete(engine.url, probe.unique_prompt(60), max_tokens=1)
+        seqs = tap.drain()
+        if seqs:
+            return seqs
+    raise AssertionError("the subscriber received no KV events")
+
+
 def test_sequence_gap_is_recovered_from_the_replay_socket(engine_a):
     tap = probe.KVEventTap(engine_a.kv_events_endpoint, engine_a.kv_replay_endpoint)
     try:
         tap.connect()
-        probe.complete(engine_a.url, probe.unique_prompt(60), max_tokens=1)
-        before_gap = tap.drain()
-        assert before_gap
-        last_seen = before_gap[-1]
+        last_seen = publish_until_received(engine_a, tap)[-1]
 
         tap.disconnect()  # a subscriber that is away misses what is published meanwhile
         for _ in range(3):
             probe.complete(engine_a.url, probe.unique_prompt(60), max_tokens=1)
         time.sleep(0.5)
         tap.connect()
-        probe.complete(engine_a.url, probe.unique_prompt(60), max_tokens=1)
-        after_gap = tap.drain()
-        assert after_gap
-        first_new = after_gap[0]
+        first_new = publish_until_received(engine_a, tap)[0]
         assert first_new > last_seen + 1, "the missed batches must show as a sequence gap"
 
         replayed = tap.replay(last_seen + 1)
