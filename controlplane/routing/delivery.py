@@ -172,9 +172,10 @@ def _record(delivery, table: RoutingTableVersion, result: PushResult, started, d
         elif result.outcome == "stale":
             status = DeliveryStatus.STALE
             applied = result.applied_version or 0
-            gateway_fields["last_error"] = (
-                "" if applied >= table.version else f"v{table.version}: {result.error}"
-            )
+            if applied >= table.version:  # alive and at least as new: in sync
+                gateway_fields.update(last_ack_at=now, last_error="")
+            else:
+                gateway_fields["last_error"] = f"v{table.version}: {result.error}"
         elif result.outcome == "nack":
             status = DeliveryStatus.NACKED
             gateway_fields["last_error"] = f"v{table.version} refused: {result.error}"

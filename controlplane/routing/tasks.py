@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 
 from celery import shared_task
+from django.db.models import Q
+from django.utils import timezone
 
 from controlplane.topology.models import Cluster, Gateway
 
@@ -17,6 +20,8 @@ log = logging.getLogger(__name__)
 # A retry sooner than the beat sweep is scheduled as a short countdown, always far below
 # the Redis visibility timeout (1 h); longer waits are only rows in the database.
 MAX_COUNTDOWN_S = 30
+# A gateway that has not acknowledged anything for this long gets the latest table again.
+RESYNC_S = 300
 
 
 @shared_task(name="routing.push_routing_tables", ignore_result=True, bind=True)
@@ -55,8 +60,14 @@ def reconcile_routing() -> dict:
         latest = latest_table(cluster.pk)
         if latest is None:
             continue
-        behind = Gateway.objects.filter(
-            cluster=cluster, kind__in=PUSH_KINDS, applied_table_version__lt=latest.version
+        # Behind, or not heard from for a while: a gateway that restarted without a state
+        # file or pull runs nothing, yet the database still says it has the latest table.
+        # The re-push is answered with an idempotent ACK when it does have it.
+        quiet_since = timezone.now() - timedelta(seconds=RESYNC_S)
+        behind = Gateway.objects.filter(cluster=cluster, kind__in=PUSH_KINDS).filter(
+            Q(applied_table_version__lt=latest.version)
+            | Q(last_ack_at__isnull=True)
+            | Q(last_ack_at__lt=quiet_since)
         )
         for gateway in behind:
             recent = GatewayDelivery.objects.filter(gateway=gateway, table=latest)

@@ -121,6 +121,21 @@ def test_push_ack_nack_and_stale(celery_worker, gateway_process):
     result = put_table(gw.url, "wrong-secret", canonical_json(v2.body), 4, "manual-bad")
     assert (result.outcome, result.status_code) == ("unauthorized", 401)
 
+    # Periodic reconcile: nothing changed, so no new version; a gateway silent for longer
+    # than RESYNC_S gets the latest table again (an idempotent ACK here).
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from controlplane.routing.tasks import RESYNC_S, reconcile_routing
+
+    long_ago = timezone.now() - timedelta(seconds=RESYNC_S + 60)
+    Gateway.objects.filter(pk=row.pk).update(last_ack_at=long_ago)
+    assert reconcile_routing()["queued"] == 1
+    assert latest_table(cluster.pk).version == 4
+    assert gateway_row(row.pk).last_ack_at > long_ago
+    assert reconcile_routing()["queued"] == 0  # in sync and recently heard from
+
 
 def test_unreachable_gateway_is_retried_then_cold_starts_by_pull(
     celery_worker, gateway_process, live_server
