@@ -139,6 +139,11 @@ def explain_decision(d: ModelDecision, inp: ModelInput) -> str:
     }
     if d.action == "change":
         moves = ", ".join(f"{c.worker} {c.from_role}→{c.to_role}" for c in d.changes)
+        if d.reason == "complete-layout":
+            moves = ", ".join(f"{c.worker} {c.from_role}→{c.to_role}" for c in d.changes)
+            lines.append(f"→ finish the {cur.layout if cur else ''} layout: {moves}.")
+            lines.extend(note.rstrip(".") + "." for note in d.notes)
+            return " ".join(lines)
         why = "policy bounds require it" if d.reason == "policy-bound" else (
             f"predicted goodput {rate(tgt.goodput_rps)} vs {rate(cur.goodput_rps)} now"
             if tgt and cur

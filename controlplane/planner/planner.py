@@ -330,6 +330,18 @@ def plan_model(
     best_now = max(feasible, key=combined)
     best = at_plan.get(best_now.n_prefill) or predict(inp, best_now.n_prefill, w_plan, topo)
     if best.n_prefill == cur_p:
+        # The right number of prefill workers, but a transition may have left workers on
+        # the wrong side label ('both' in a split serves whole requests in place and
+        # starves the prefill pool; 'decode' when aggregated never prefills): finish it.
+        side = "both" if cur_p == 0 else "decode"
+        relabel = [
+            RoleChange(x.id, x.name, x.node, x.role, side)
+            for x in workers
+            if x.role not in ("prefill", side) and not _eligible(x, now, pol.cooldown_s)
+        ]
+        if relabel:
+            return decision("change", "complete-layout", target=current, step=current,
+                            changes=relabel, **common)
         return decision("keep", "current-is-best", target=current, **common)
     h = pol.hysteresis
 

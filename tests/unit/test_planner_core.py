@@ -302,3 +302,18 @@ def test_policy_forcing_a_split_applies_even_without_traffic():
                                min_prefill_workers=1), 0)
     assert d.action == "change" and d.reason == "policy-bound"
     assert [c.to_role for c in d.changes].count("prefill") == 1
+
+
+def test_a_transition_left_half_done_is_completed():
+    # 8 prefill, 20 decode, 4 still 'both' after a transition: finish it.
+    roles = ["prefill"] * 8 + ["decode"] * 20 + ["both"] * 4
+    workers, links = fleet(4, 8, group=4, roles=roles)
+    load = LoadInput(40, 40, 4000, None, 300, 0.3, inflight=200)
+    inp = model_input(workers, links, load, ttft_p95_ms=2500, itl_p95_ms=50,
+                      disaggregation_mode="disaggregated", min_prefill_workers=8,
+                      max_prefill_workers=8)
+    d = plan_model(inp, 0)
+    assert d.action == "change" and d.reason == "complete-layout"
+    assert {(c.from_role, c.to_role) for c in d.changes} == {("both", "decode")}
+    assert len(d.changes) == 4
+    assert "finish the" in d.explanation
