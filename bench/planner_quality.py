@@ -344,8 +344,9 @@ def main() -> None:
         def pct(x):
             return "n/a (no layout had goodput)" if x is None else f"{x:.0%}"
 
+        agg = "—" if st["aggregated"] is None else f"{st['aggregated']:.4f}"
         print(f"| {r['cluster']} | {r['workload']} | {r['load']} | {st['best_static']} "
-              f"{st['best']:.4f} | {st['aggregated']:.4f} | {st['planner']:.4f} | "
+              f"{st['best']:.4f} | {agg} | {st['planner']:.4f} | "
               f"{pct(st['share'])} / {pct(whole['share'])} | {r['planner_final_layout']} | "
               f"{r['planner_role_changes']} ({r['planner_changes_per_hour']:.0f}/h) |")
     if args.json:
