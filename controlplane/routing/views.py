@@ -21,7 +21,7 @@ from . import signing
 from .builder import canonical_json
 from .diff import diff_tables, summarize
 from .models import RoutingTableVersion
-from .service import latest_table
+from .service import gateway_lag, latest_table
 
 log = logging.getLogger(__name__)
 
@@ -90,3 +90,27 @@ def table_diff(request, cluster_name: str):
         {"from": old_v if old else None, "to": new_v, "summary": summarize(changes),
          "changes": changes, "cause": new.cause, "actor": new.actor}
     )
+
+
+@staff_member_required
+@require_GET
+def gateway_status(request, cluster_name: str):
+    """Staff view: each gateway's applied version, lag, last ACK and last error."""
+    cluster = Cluster.objects.filter(name=cluster_name).first()
+    if cluster is None:
+        return _error(404, "no such cluster")
+    latest = latest_table(cluster.pk)
+    rows = []
+    for gateway in Gateway.objects.filter(cluster=cluster).order_by("name"):
+        rows.append({
+            "name": gateway.name,
+            "kind": gateway.kind,
+            "url": gateway.url,
+            "applied_version": gateway.applied_table_version,
+            "lag": gateway_lag(gateway, latest),
+            "last_ack_at": gateway.last_ack_at.isoformat() if gateway.last_ack_at else None,
+            "last_error": gateway.last_error,
+        })
+    return JsonResponse({"cluster": cluster.name,
+                         "latest_version": latest.version if latest else None,
+                         "gateways": rows})
