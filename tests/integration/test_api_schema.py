@@ -21,7 +21,7 @@ from tests.integration.api_support import build_fleet, make_user, token_client
 
 pytestmark = pytest.mark.django_db
 
-MAX_EXAMPLES = 6
+MAX_EXAMPLES = 5
 # What the acceptance asks: no 5xx, and status, content type, headers and body as documented.
 # (positive_data_acceptance is left out: a schema-valid body may still name a missing object
 # or break a business rule, and then a 400 is the right answer.)
