@@ -39,7 +39,7 @@ MODEL_NAME = "tiny"
 BLOCK_SIZE = 32
 MAX_MODEL_LEN = 1024
 ENGINE_A_BLOCKS = 64
-STARTUP_TIMEOUT_S = float(os.environ.get("PDPLANE_VLLM_STARTUP_TIMEOUT", "180"))
+STARTUP_TIMEOUT_S = float(os.environ.get("PDPLANE_VLLM_STARTUP_TIMEOUT", "240"))
 
 
 def _required() -> bool:

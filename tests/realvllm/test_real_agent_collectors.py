@@ -18,7 +18,7 @@ from tests.realvllm.conftest import BLOCK_SIZE, ENGINE_A_BLOCKS
 from workers_agent.collectors.engine_metrics import EngineMetricsCollector
 from workers_agent.collectors.kv_events import KVEventSubscriber
 
-pytestmark = [pytest.mark.realvllm, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.realvllm, pytest.mark.timeout(900)]
 
 
 def independent(text: str) -> dict:

@@ -17,7 +17,7 @@ import requests
 from tests.realvllm import engine_probe as probe
 from tests.realvllm.conftest import BLOCK_SIZE, ENGINE_A_BLOCKS
 
-pytestmark = [pytest.mark.realvllm, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.realvllm, pytest.mark.timeout(900)]
 
 
 def full_blocks_hit(prompt_tokens: int) -> int:

@@ -16,7 +16,7 @@ import requests
 from tests.realvllm import engine_probe as probe
 from tests.realvllm.conftest import BLOCK_SIZE
 
-pytestmark = [pytest.mark.realvllm, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.realvllm, pytest.mark.timeout(900)]
 
 REMOTE_DECODE = {
     "do_remote_decode": True,
