@@ -329,20 +329,25 @@ def plan_model(
 
     best_now = max(feasible, key=combined)
     best = at_plan.get(best_now.n_prefill) or predict(inp, best_now.n_prefill, w_plan, topo)
-    if best.n_prefill == cur_p:
-        # The right number of prefill workers, but a transition may have left workers on
-        # the wrong side label ('both' in a split serves whole requests in place and
-        # starves the prefill pool; 'decode' when aggregated never prefills): finish it.
-        side = "both" if cur_p == 0 else "decode"
-        relabel = [
-            RoleChange(x.id, x.name, x.node, x.role, side)
-            for x in workers
-            if x.role not in ("prefill", side) and not _eligible(x, now, pol.cooldown_s)
-        ]
+    # A transition may have left workers on the wrong side label ('both' in a split
+    # serves whole requests in place and starves the prefill pool; 'decode' when
+    # aggregated never prefills). Whenever the planner would keep the prefill count, it
+    # finishes the current layout instead.
+    side = "both" if cur_p == 0 else "decode"
+    relabel = [
+        RoleChange(x.id, x.name, x.node, x.role, side)
+        for x in workers
+        if x.role not in ("prefill", side) and not _eligible(x, now, pol.cooldown_s)
+    ]
+
+    def keep(reason: str, target: Prediction) -> ModelDecision:
         if relabel:
             return decision("change", "complete-layout", target=current, step=current,
                             changes=relabel, **common)
-        return decision("keep", "current-is-best", target=current, **common)
+        return decision("keep", reason, target=target, **common)
+
+    if best.n_prefill == cur_p:
+        return keep("current-is-best", current)
     h = pol.hysteresis
 
     def gains(new: Prediction, old: Prediction, rate: float) -> bool:
@@ -360,7 +365,7 @@ def plan_model(
     )
     cap_ok = both_zero and best.capacity_rps > current.capacity_rps * (1.0 + h)
     if not (gain_ok or cap_ok or forced):
-        return decision("keep", "within-hysteresis", target=best, **common)
+        return keep("within-hysteresis", best)
 
     # Move toward the target: concrete roles, then the changes allowed this cycle.
     aggregated = best.n_prefill == 0
