@@ -53,8 +53,10 @@ def asgi_server(transactional_db, tmp_path):
         log.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
+    """One Chromium per module. Not per session: Playwright's sync API keeps an event loop
+    running in this thread while it is open, and later tests need asyncio.run()."""
     playwright_api = pytest.importorskip("playwright.sync_api")
     executable = shutil.which("chromium") or shutil.which("chromium-browser")
     if not executable:
