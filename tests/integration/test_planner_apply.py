@@ -169,9 +169,16 @@ def test_celery_worker_runs_the_planning_task(h200_cluster, settings):
     )
     try:
         plan_cluster.apply_async((h200_cluster.pk,), queue=queue)
-        deadline = time.monotonic() + 60
+        # Generous: a Celery worker boots slowly on a loaded 2-core box.
+        deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not Plan.objects.exists():
+            if proc.poll() is not None:
+                break
             time.sleep(0.3)
+        if not Plan.objects.exists():
+            proc.send_signal(signal.SIGTERM)
+            out = proc.communicate(timeout=15)[0].decode(errors="replace")
+            pytest.fail(f"the Celery worker made no plan; its output:\n{out[-3000:]}")
         plan = Plan.objects.get()
         assert plan.status == PlanStatus.PROPOSED and plan.diff
     finally:
