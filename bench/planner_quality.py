@@ -162,7 +162,11 @@ class PlannerController:
         for e in snap.engines:
             base = self.workers[self.index[e.engine_id]]
             running = e.inflight_decode + e.inflight_prefill
-            inflight += e.inflight_decode
+            # Sequences running on decode-capable engines (what hot state's "running"
+            # reports), not the ones queued there: in overload the queue would make every
+            # smaller decode pool look too small to hold them.
+            if (e.pending_role or e.role) != "prefill":
+                inflight += e.stats.num_running
             workers.append(WorkerInput(
                 base.id, base.name, base.node, base.nvlink_group,
                 role=e.pending_role or e.role,
