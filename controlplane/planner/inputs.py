@@ -188,7 +188,9 @@ def _load(sm, state: ModelPlannerState, wstates: list[dict], roles: dict) -> Loa
     prompt_tps = sum(_num(s, "prompt_tokens_per_s") for s in wstates
                      if roles.get(s.get("worker_id")) != "decode")
     gen_tps = sum(_num(s, "generation_tokens_per_s") for s in wstates)
-    running = int(sum(_num(s, "running") for s in wstates))
+    # Sequences held by decode-capable workers (prefill workers' running are prompts).
+    running = int(sum(_num(s, "running") for s in wstates
+                      if roles.get(s.get("worker_id")) != "prefill"))
     hits = [_num(s, "prefix_hit_rate") for s in wstates if s.get("prefix_hit_rate") is not None]
     rate = sum(_num(s, "requests_per_s") for s in wstates)
     reader = _prometheus()
