@@ -100,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _static_table(args: argparse.Namespace) -> dict | None:
     if not args.worker:
+        if args.model or args.mode:
+            raise ValueError("--model and --mode need at least one --worker")
         return None
     if not args.model:
         raise ValueError("--worker needs --model")

@@ -111,3 +111,11 @@ def test_config_layers_and_checks(tmp_path):
     with pytest.raises(GatewayConfigError, match="secret"):
         build_config({"control_plane_url": "http://cp", "cluster": "c",
                       "gateway_name": "g"}, env={})
+
+
+def test_cli_refuses_model_without_workers(capsys):
+    from gateway.cli import main
+
+    assert main(["--model", "m"]) == 2
+    assert "--worker" in capsys.readouterr().err
+    assert main(["--worker", "ftp://x", "--model", "m"]) == 2
