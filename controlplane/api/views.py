@@ -31,7 +31,7 @@ from . import hooks
 from . import serializers as s
 from . import views_live as live_views
 from .base import PdplaneModelViewSet, RestrictedMixin
-from .errors import Conflict, error_body
+from .errors import Conflict
 from .mixins import idempotent
 from .permissions import request_token
 
@@ -319,7 +319,3 @@ class APITokenViewSet(
     def perform_destroy(self, instance):
         instance.revoked = True
         instance.save(update_fields=["revoked"])
-
-
-def not_found_body():
-    return error_body("not_found", "Not found.")
