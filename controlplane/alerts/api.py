@@ -249,7 +249,8 @@ class WebhookEndpointViewSet(PdplaneModelViewSet):
     queryset = WebhookEndpoint.objects.all()
     serializer_class = WebhookEndpointSerializer
     brief_fields = ("name",)
-    filter_fields = {"name": "name", "enabled": "enabled", "format": "format"}
+    # Not "format": DRF reads ?format= as the response renderer.
+    filter_fields = {"name": "name", "enabled": "enabled", "body_format": "format"}
     ordering_fields = ["name", "created"]
 
     def required_action(self, request):

@@ -371,13 +371,15 @@ class AgentConsumer(AsyncWebsocketConsumer):
 def _accept_hello(node_id: int, agent_version, protocol_version, inventory: dict):
     from django.utils import timezone
 
+    from controlplane import audit
     from controlplane.topology.choices import NodeStatus
     from controlplane.topology.models import Node
 
     from .reconcile import reconcile_inventory
 
     node = Node.objects.get(pk=node_id)
-    result = reconcile_inventory(node, inventory)
+    with audit.actor_node(node):  # inventory changes are the node's, in the change log
+        result = reconcile_inventory(node, inventory)
     updates = {"status": NodeStatus.ONLINE, "last_seen": timezone.now()}
     if agent_version is not None:
         updates.update(agent_version=agent_version[:32], agent_protocol=protocol_version)
