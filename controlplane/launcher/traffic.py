@@ -111,6 +111,7 @@ class Traffic:
             self.counts["error"] += 1
         finally:
             self.inflight -= 1
+            self._write_stats()
 
     def _write_stats(self) -> None:
         if self.stats_path:

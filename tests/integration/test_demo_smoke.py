@@ -84,10 +84,13 @@ def test_demo_runs_plans_routes_and_stops_clean(tmp_path):
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 pytest.fail(f"launcher exited early:\n{proc.stdout.read()}")
-            if (tmp_path / "demo" / "traffic.json").exists():
+            traffic_file = tmp_path / "demo" / "traffic.json"
+            if traffic_file.exists():
                 state = _state(env)
+                served = json.loads(traffic_file.read_text()).get("ok", 0)
                 if (state["online"] == 3 and state["reporting_workers"] == 24
-                        and len(state["decisions"]) == 2 and state["gateway_version"] >= 1):
+                        and len(state["decisions"]) == 2 and state["gateway_version"] >= 1
+                        and served > 0):
                     break
             time.sleep(3)
         assert state.get("online") == 3, state
