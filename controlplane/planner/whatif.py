@@ -82,7 +82,7 @@ class WhatIfQuery:
             except (TypeError, ValueError):
                 errors[key] = f"must be a {kind.__name__}"
         q = cls(**values)
-        errors.update(q.validate()) if not errors else None
+        errors.update({k: v for k, v in q.validate().items() if k not in errors})
         if errors:
             raise WhatIfError(errors)
         return q
