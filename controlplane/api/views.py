@@ -9,6 +9,7 @@ from django.db.models.functions import Coalesce
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.permissions import SAFE_METHODS
 from rest_framework.response import Response
 
 from controlplane.accounts.models import APIToken
@@ -254,6 +255,11 @@ class PolicyViewSet(PdplaneModelViewSet):
     serializer_class = s.PolicySerializer
     filter_fields = {"cluster_id": "cluster_id", "served_model_id": "served_model_id"}
     ordering_fields = ["id", "created"]
+
+    def required_action(self, request):
+        # Targets and rebalancing rules are how operators run the fleet, in the UI and here
+        # alike; inventory stays with admins.
+        return None if request.method in SAFE_METHODS else ACTION
 
 
 class ChangeRecordFilterMixin:

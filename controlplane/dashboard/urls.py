@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import pages, views, whatifpage
+from . import pages, policypage, views, whatifpage
 
 app_name = "dashboard"
 urlpatterns = [
@@ -15,4 +15,8 @@ urlpatterns = [
     path("plans/<int:pk>/<str:decision>", pages.plan_decision_view, name="plan-decision"),
     path("tables/", pages.routing_view, name="routing"),
     path("changelog/", pages.audit_view, name="audit"),
+    path("policies/", policypage.policies_view, name="policies"),
+    path("policies/<str:cluster>/edit", policypage.policy_edit_view, name="policy-edit"),
+    path("policies/<str:cluster>/models/<int:model_id>/edit", policypage.policy_edit_view,
+         name="policy-edit-model"),
 ]

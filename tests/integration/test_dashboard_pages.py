@@ -143,3 +143,33 @@ def test_operator_approves_a_plan_viewer_cannot(client, fleet):
     assert plan.status in {"approved", "applying", "applied"}
     again = client.post(f"/plans/{plan.pk}/approve", follow=True).content.decode()
     assert "only proposed plans can be approved" in again
+
+
+def test_policies_page_shows_sources_and_operators_edit_with_inline_errors(client, fleet):
+    from controlplane.policies.models import Policy
+    from controlplane.topology.models import ServedModel
+
+    model = ServedModel.objects.get(cluster__name="two-rtxpro-servers")
+    edit_url = f"/policies/two-rtxpro-servers/models/{model.pk}/edit"
+    login(client, "viewer")
+    page = client.get("/policies/").content.decode()
+    assert "ttft_p95_ms" in page and "cluster" in page and "default" in page
+    assert "edit override" not in page
+    assert client.get(edit_url).status_code == 403
+
+    login(client, "operator")
+    form = client.get(edit_url).content.decode()
+    assert 'name="ttft_p95_ms"' in form
+    bad = client.post(edit_url, {"attainment": "1.5", "ttft_p95_ms": "800"})
+    assert bad.status_code == 200
+    assert "must be in (0, 1]" in bad.content.decode()
+    assert not Policy.objects.filter(served_model=model).exists()
+    # Valid alone, contradictory once merged with the cluster default.
+    Policy.objects.filter(cluster=model.cluster, served_model=None).update(max_decode_workers=2)
+    clash = client.post(edit_url, {"min_decode_workers": "3"}).content.decode()
+    assert "exceeds max_decode_workers" in clash
+    ok = client.post(edit_url, {"ttft_p95_ms": "800"})
+    assert ok.status_code == 302
+    assert Policy.objects.get(served_model=model).ttft_p95_ms == 800
+    page = client.get("/policies/").content.decode()
+    assert '<tr class="src-model"><td>ttft_p95_ms</td><td>800.0</td>' in page

@@ -1,0 +1,76 @@
+"""Policies: effective values per model with where each came from, and the edit form.
+
+Operators edit targets and rebalancing rules (the ``action`` permission, as in the API);
+validation is the model's own (`Policy.clean`: each value, then the merged result), shown
+inline next to the field.
+"""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.db import transaction
+from django.http import HttpResponseForbidden
+from django.shortcuts import get_object_or_404, redirect, render
+
+from controlplane.accounts.roles import ACTION, READ, can, restrict
+from controlplane.policies.effective import POLICY_FIELDS, PolicyError
+from controlplane.policies.models import Policy, effective_policy_for
+from controlplane.topology.models import Cluster, ServedModel
+
+
+class PolicyForm(forms.ModelForm):
+    class Meta:
+        model = Policy
+        fields = list(POLICY_FIELDS)
+
+
+@login_required
+def policies_view(request):
+    clusters = restrict(Cluster.objects.all(), request.user, READ).prefetch_related(
+        "served_models"
+    )
+    sections = []
+    for cluster in clusters:
+        rows = []
+        for model in cluster.served_models.all():
+            try:
+                policy, sources = effective_policy_for(model)
+                values = [(f, getattr(policy, f), sources[f]) for f in POLICY_FIELDS]
+                error = ""
+            except PolicyError as exc:
+                values, error = [], str(exc)
+            rows.append({"model": model, "values": values, "error": error})
+        sections.append({"cluster": cluster, "models": rows})
+    return render(request, "dashboard/policies.html",
+                  {"sections": sections, "can_edit": can(request.user, ACTION)})
+
+
+@login_required
+def policy_edit_view(request, cluster: str, model_id: int | None = None):
+    if not can(request.user, ACTION):
+        return HttpResponseForbidden("Your role may not change policies.")
+    cluster_obj = get_object_or_404(restrict(Cluster.objects.all(), request.user, READ),
+                                    name=cluster)
+    model = None
+    if model_id is not None:
+        model = get_object_or_404(ServedModel, pk=model_id, cluster=cluster_obj)
+    instance = (Policy.objects.filter(cluster=cluster_obj, served_model=model).first()
+                or Policy(cluster=cluster_obj, served_model=model))
+    form = PolicyForm(request.POST or None, instance=instance)
+    if request.method == "POST" and form.is_valid():
+        with transaction.atomic():
+            form.save()
+            try:
+                from controlplane.routing.service import request_publish
+            except ImportError:
+                request_publish = None
+            if request_publish is not None:  # routing weights and thresholds are in the table
+                request_publish(cluster_obj.pk, cause=f"policy change by {request.user}",
+                                actor=f"user:{request.user.username}")
+        scope = model.name if model else "cluster default"
+        messages.success(request, f"Policy saved ({cluster_obj.name} / {scope}).")
+        return redirect("dashboard:policies")
+    return render(request, "dashboard/policy_form.html",
+                  {"form": form, "cluster": cluster_obj, "model": model})
