@@ -37,6 +37,7 @@ def models_context(request) -> dict:
     for cluster_id in {m.cluster_id for m in models}:
         worker_states.update(hotstate.cluster_snapshot(cluster_id)["workers"])
     latest_plans = _latest_plans(models)
+    timelines = _role_change_timelines(models)
     rows = []
     for model in models:
         mine = [w for w in workers if w.served_model_id == model.pk]
@@ -53,6 +54,7 @@ def models_context(request) -> dict:
             "itl_p95_s": itl,
             "source": source,
             "plan": latest_plans.get(model.pk),
+            "timeline": timelines.get(model.pk, []),
         })
     from .whatifpage import form_context
 
@@ -64,6 +66,32 @@ def _latest_plans(models) -> dict:
     for plan in Plan.objects.filter(served_model__in=models).order_by("-created")[:500]:
         latest.setdefault(plan.served_model_id, plan)
     return latest
+
+
+TIMELINE_HOURS = 6
+
+
+def _role_change_timelines(models) -> dict[int, list]:
+    """Role changes of the last hours per model: applied (and failed) plans on an axis."""
+    import time
+
+    from .svg import timeline
+
+    end = time.time()
+    start = end - TIMELINE_HOURS * 3600
+    events: dict[int, list] = {}
+    for plan in Plan.objects.filter(served_model__in=models, status__in=("applied", "failed"),
+                                    updated__gte=_ts(start)).order_by("updated"):
+        when = (plan.applied_at or plan.updated).timestamp()
+        label = f"#{plan.pk} {plan.current_layout} → {plan.target_layout} ({plan.status})"
+        events.setdefault(plan.served_model_id, []).append((when, label, plan.status))
+    return {pk: timeline(ev, start=start, end=end) for pk, ev in events.items()}
+
+
+def _ts(unix: float):
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(unix, tz=UTC)
 
 
 def plans_context(request) -> dict:

@@ -64,3 +64,22 @@ def line_chart(
     last = next((float(v) for v in reversed(values) if _finite(v)), None)
     return Chart(paths=paths, width=width, height=height, y_max=top, last=last,
                  target_y=target_y)
+
+
+@dataclass(frozen=True)
+class Mark:
+    x: float
+    label: str
+    kind: str
+
+
+def timeline(
+    events: Sequence[tuple[float, str, str]], *, start: float, end: float, width: int = 600
+) -> list[Mark]:
+    """Place ``(unix time, label, kind)`` events on an axis from ``start`` to ``end``."""
+    span = max(end - start, 1e-9)
+    marks = []
+    for when, label, kind in events:
+        if start <= when <= end:
+            marks.append(Mark(round(4 + (width - 8) * (when - start) / span, 1), label, kind))
+    return marks

@@ -173,3 +173,15 @@ def test_policies_page_shows_sources_and_operators_edit_with_inline_errors(clien
     assert Policy.objects.get(served_model=model).ttft_p95_ms == 800
     page = client.get("/policies/").content.decode()
     assert '<tr class="src-model"><td>ttft_p95_ms</td><td>800.0</td>' in page
+
+
+def test_applied_role_changes_appear_on_the_models_timeline(client, fleet):
+    from django.utils import timezone
+
+    plan = _proposed_plan()
+    plan.status, plan.applied_at = "applied", timezone.now()
+    plan.save()
+    login(client, "viewer")
+    page = client.get("/models/").content.decode()
+    assert 'class="mark-applied"' in page
+    assert f"#{plan.pk} A8 → 1P:7D (applied)" in page

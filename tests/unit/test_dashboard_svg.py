@@ -34,3 +34,12 @@ def test_values_are_clamped_to_the_plot():
 
 def test_single_sample_is_drawn():
     assert line_chart([0.5]).paths[0].startswith("M1.0,")
+
+
+def test_timeline_places_events_and_drops_those_outside():
+    from controlplane.dashboard.svg import timeline
+
+    marks = timeline([(0, "a", "applied"), (50, "b", "failed"), (150, "c", "applied")],
+                     start=0, end=100, width=108)
+    assert [(m.x, m.label, m.kind) for m in marks] == [(4.0, "a", "applied"),
+                                                         (54.0, "b", "failed")]
