@@ -149,9 +149,12 @@ class Agent:
         return inv
 
     def hello(self) -> dict:
-        return {"type": "hello", "protocol": list(SUPPORTED_VERSIONS),
-                "agent_version": AGENT_VERSION, "hostname": self.cfg.hostname,
-                "inventory": self.inventory()}
+        msg = {"type": "hello", "protocol": list(SUPPORTED_VERSIONS),
+               "agent_version": AGENT_VERSION, "hostname": self.cfg.hostname,
+               "inventory": self.inventory()}
+        if self.cfg.metrics_port:
+            msg["metrics_port"] = self.cfg.metrics_port
+        return msg
 
     def collect(self, agent_counters: dict | None = None) -> dict:
         """One report (blocking I/O: call it in a thread)."""

@@ -199,6 +199,8 @@ def validate_hello(msg: Any) -> list[ProtocolError]:
         c.fail(ErrorCode.BAD_SCHEMA, "must be a non-empty list of integers", "hello.protocol")
     c.string(msg, "agent_version", "hello", max_len=32)
     c.string(msg, "hostname", "hello", max_len=253)
+    # Optional: the port of the agent's own /metrics, so service discovery can list it.
+    c.number(msg, "metrics_port", "hello", lo=1, hi=65535, integer=True)
     inv = msg.get("inventory")
     if not isinstance(inv, dict):
         c.fail(ErrorCode.BAD_SCHEMA, "must be an object", "hello.inventory")

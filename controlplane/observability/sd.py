@@ -68,15 +68,33 @@ def gateway_groups(gateways: list[dict]) -> list[dict]:
     return groups
 
 
+def agent_groups(nodes: list[dict]) -> list[dict]:
+    """Agents that announced a metrics port in their hello."""
+    groups = []
+    for n in nodes:
+        parsed = _target(n["metrics_url"]) if n["metrics_url"] else None
+        if parsed is None:
+            continue
+        address, path, scheme = parsed
+        groups.append({
+            "targets": [address],
+            "labels": {"__metrics_path__": path, "__scheme__": scheme, "job": "pdplane-agent",
+                       "cluster": n["cluster"], "node": n["hostname"]},
+        })
+    return groups
+
+
 def targets(cluster: str | None = None) -> list[dict]:
-    """Every engine and gateway (optionally of one cluster), in http_sd format."""
-    from controlplane.topology.models import Gateway, Worker
+    """Every engine, gateway and agent (optionally of one cluster), in http_sd format."""
+    from controlplane.topology.models import Gateway, Node, Worker
 
     workers = Worker.objects.select_related("node__cluster", "served_model")
     gateways = Gateway.objects.select_related("cluster")
+    nodes = Node.objects.exclude(agent_metrics_url="").select_related("cluster")
     if cluster:
         workers = workers.filter(node__cluster__name=cluster)
         gateways = gateways.filter(cluster__name=cluster)
+        nodes = nodes.filter(cluster__name=cluster)
     worker_rows = [
         {
             "metrics_url": w.metrics_url,
@@ -92,4 +110,6 @@ def targets(cluster: str | None = None) -> list[dict]:
         for w in workers
     ]
     gateway_rows = [{"url": g.url, "cluster": g.cluster.name, "name": g.name} for g in gateways]
-    return engine_groups(worker_rows) + gateway_groups(gateway_rows)
+    node_rows = [{"metrics_url": n.agent_metrics_url, "cluster": n.cluster.name,
+                  "hostname": n.hostname} for n in nodes]
+    return engine_groups(worker_rows) + gateway_groups(gateway_rows) + agent_groups(node_rows)

@@ -216,7 +216,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return
         self.hello_timer.cancel()
         result = await database_sync_to_async(_accept_hello)(
-            self.node.pk, msg["agent_version"], version, msg["inventory"])
+            self.node.pk, msg["agent_version"], version, msg["inventory"],
+            self._agent_metrics_url(msg.get("metrics_port")))
         redis = hotstate.async_redis()
         keys = hotstate.Keys()
         gen = int(await redis.incr(keys.gen(self.node.pk)))
@@ -243,6 +244,14 @@ class AgentConsumer(AsyncWebsocketConsumer):
         })
         for frame in await database_sync_to_async(_claim_pending_commands)(self.node.pk):
             await self.send_json(frame)
+
+    def _agent_metrics_url(self, port) -> str:
+        """Where the agent's /metrics is, as this server sees the agent ("" when not served)."""
+        client = self.scope.get("client") or ("", 0)
+        if not port or not client[0]:
+            return ""
+        host = f"[{client[0]}]" if ":" in client[0] else client[0]
+        return f"http://{host}:{port}/metrics"
 
     async def on_inventory(self, msg: dict) -> None:
         if self.ctx is None:
@@ -368,7 +377,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
             log.warning("disconnect bookkeeping for node %s failed: %s", self.ctx.node_id, exc)
 
 
-def _accept_hello(node_id: int, agent_version, protocol_version, inventory: dict):
+def _accept_hello(node_id: int, agent_version, protocol_version, inventory: dict,
+                  agent_metrics_url: str | None = None):
     from django.utils import timezone
 
     from controlplane import audit
@@ -383,6 +393,8 @@ def _accept_hello(node_id: int, agent_version, protocol_version, inventory: dict
     updates = {"status": NodeStatus.ONLINE, "last_seen": timezone.now()}
     if agent_version is not None:
         updates.update(agent_version=agent_version[:32], agent_protocol=protocol_version)
+    if agent_metrics_url is not None:
+        updates["agent_metrics_url"] = agent_metrics_url
     Node.objects.filter(pk=node_id).exclude(status=NodeStatus.MAINTENANCE).update(**updates)
     return result
 

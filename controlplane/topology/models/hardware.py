@@ -22,6 +22,10 @@ class Node(TimestampedModel):
     agent_token_hash = models.CharField(max_length=64, blank=True, editable=False)
     agent_version = models.CharField(max_length=32, blank=True)
     agent_protocol = models.PositiveSmallIntegerField(null=True, blank=True)
+    agent_metrics_url = models.CharField(
+        max_length=200, blank=True,
+        help_text="The agent's own /metrics as the control plane reaches it (from its hello)",
+    )
 
     class Meta:
         ordering = ["cluster", "rack", "hostname"]
