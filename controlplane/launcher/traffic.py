@@ -41,8 +41,8 @@ class Phase:
 # Chat is light for 24 GPUs; RAG's long, mostly uncached prompts make prefill chunks
 # interrupt decode steps often enough to push ITL p95 over target when aggregated.
 PHASES = (
-    Phase("chat", 90, 4.0, 600, 300, 150, 1),
-    Phase("rag", 150, 5.0, 6000, 1500, 250, 8),
+    Phase("chat", 60, 4.0, 600, 300, 150, 1),
+    Phase("rag", 300, 5.0, 6000, 1500, 250, 8),
     Phase("quiet", 60, 0.2, 400, 200, 50, 1),
 )
 
