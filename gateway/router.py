@@ -17,6 +17,14 @@ prompt's blocks, ``cached_blocks`` = this prompt's blocks the worker already hol
 cost wins; ties go to fewer in-flight requests, then to a random pick. With temperature
 T > 0 the pick samples softmax(−normalised cost / T).
 
+Prefix affinity comes first (SGLang's and vllm-router's ``cache_aware`` rule): when some
+worker holds at least ``prefix_min_match`` of the prompt (0.3) and in-flight requests are not
+imbalanced (max − min > ``imbalance_abs`` AND max > ``imbalance_rel`` × min; 64 and 1.5), the
+request follows the longest cached prefix (ties: lowest cost). A long match saves a whole
+prefill, which the cost above prices at most twice its blocks, while a few requests' worth
+of in-flight KV difference between workers outweighs that and sends the prefix elsewhere,
+where it is computed again. Short or no matches, and imbalanced load, go by the cost.
+
 P/D (modes ``conditional`` and ``disaggregated``), in the spirit of llm-d: pick the decode
 worker first; in ``conditional`` mode, if the prompt's part not cached on that worker is at
 most ``local_prefill_max_tokens``, it prefills locally. Otherwise pick a prefill worker by
@@ -125,6 +133,30 @@ def pick(
     return tied[0] if len(tied) == 1 else rng.choice(tied)
 
 
+def follow_prefix(
+    scores: Sequence[Scored],
+    match_ratio: Mapping[str, float],
+    loads: Mapping[str, WorkerLoad],
+    *,
+    min_match: float,
+    imbalance_abs: float,
+    imbalance_rel: float,
+) -> Scored | None:
+    """The worker holding the longest cached prefix, when it covers at least ``min_match``
+    of the prompt and load is not imbalanced (ties: lowest cost); else None (use the cost)."""
+    if len(scores) < 2:
+        return None
+    best = max(match_ratio.get(s.worker_id, 0.0) for s in scores)
+    if best <= 0 or best < min_match:
+        return None
+    in_flight = [loads.get(s.worker_id, WorkerLoad()).in_flight for s in scores]
+    hi, lo = max(in_flight), min(in_flight)
+    if hi - lo > imbalance_abs and hi > imbalance_rel * lo:
+        return None
+    holders = [s for s in scores if match_ratio.get(s.worker_id, 0.0) >= best - 1e-9]
+    return min(holders, key=lambda s: s.cost)
+
+
 def transfer_penalty(request_blocks: float, src: WorkerEntry, dst_id: str) -> float:
     path = src.kv_paths.get(dst_id)
     gbps = path.bandwidth_gbps if path and path.bandwidth_gbps > 0 else UNKNOWN_PATH_GBPS
@@ -150,6 +182,18 @@ def plan_request(
     def cached_blocks(w: WorkerEntry) -> float:
         return min(cached_tokens.get(w.id, 0), prompt_tokens) / bs
 
+    ratios = {w: min(t, prompt_tokens) / prompt_tokens
+              for w, t in cached_tokens.items()} if prompt_tokens > 0 else {}
+
+    def choose(scores: list[Scored]) -> tuple[Scored, bool]:
+        """(chosen, by prefix affinity?)"""
+        followed = follow_prefix(scores, ratios, loads, min_match=model.prefix_min_match,
+                                 imbalance_abs=model.imbalance_abs,
+                                 imbalance_rel=model.imbalance_rel)
+        if followed is not None:
+            return followed, True
+        return pick(scores, model.temperature, rng, loads), False
+
     def score(workers, use_cache=True) -> list[Scored]:
         return [
             cost_of(
@@ -168,7 +212,9 @@ def plan_request(
         if len(pool) == 1 and decoders:
             reason = "only_candidate"
         scores = score(pool)
-        chosen = pick(scores, model.temperature, rng, loads)
+        chosen, followed = choose(scores)
+        if followed:
+            reason = "kv_prefix"
         return RoutePlan(chosen.worker_id, None, reason,
                          int(chosen.cached_blocks * bs), scores)
 
@@ -176,7 +222,10 @@ def plan_request(
     # cached prefix counts; in disaggregated mode the decode stage ignores cache credit.
     conditional = model.mode == "conditional"
     decode_scores = score(decoders, use_cache=conditional)
-    decode = pick(decode_scores, model.temperature, rng, loads)
+    if conditional:
+        decode, _ = choose(decode_scores)
+    else:
+        decode = pick(decode_scores, model.temperature, rng, loads)
     decode_cached = min(cached_tokens.get(decode.worker_id, 0), prompt_tokens)
     uncached = prompt_tokens - decode_cached
     if conditional and uncached <= model.local_prefill_max_tokens:

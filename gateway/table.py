@@ -67,6 +67,10 @@ class WorkerEntry:
         return self.role in ("decode", "both")
 
 
+# Routing fields a table may carry (else ModelRoute's defaults apply).
+OPTIONAL_ROUTING = ("prefix_min_match", "imbalance_abs", "imbalance_rel")
+
+
 @dataclass(frozen=True)
 class ModelRoute:
     name: str
@@ -79,6 +83,12 @@ class ModelRoute:
     local_prefill_max_tokens: int
     kv_bytes_per_token: int
     workers: tuple[WorkerEntry, ...]
+    # Prefix affinity (optional routing fields; the peers' cache_aware defaults): follow the
+    # longest cached prefix when it covers at least `prefix_min_match` of the prompt, unless
+    # in-flight requests are imbalanced by more than `imbalance_abs` AND `imbalance_rel`×.
+    prefix_min_match: float = 0.3
+    imbalance_abs: float = 64.0
+    imbalance_rel: float = 1.5
 
     def worker(self, worker_id: str) -> WorkerEntry | None:
         for w in self.workers:
@@ -144,6 +154,9 @@ def validate(raw: Any) -> list[str]:
                 p.append(f"{where}/routing/block_size: must be a positive integer")
             for key in ("kv_overlap_weight", "load_weight", "temperature"):
                 if not _is_num(routing.get(key)) or routing[key] < 0:
+                    p.append(f"{where}/routing/{key}: must be a number ≥ 0")
+            for key in OPTIONAL_ROUTING:
+                if key in routing and (not _is_num(routing[key]) or routing[key] < 0):
                     p.append(f"{where}/routing/{key}: must be a number ≥ 0")
         dis = m.get("disaggregation")
         if not isinstance(dis, dict) or not _is_int(dis.get("local_prefill_max_tokens")) or (
@@ -249,6 +262,7 @@ def parse(raw: Any) -> RoutingTable:
             local_prefill_max_tokens=int(m["disaggregation"]["local_prefill_max_tokens"]),
             kv_bytes_per_token=int(m.get("kv_bytes_per_token") or 1),
             workers=tuple(workers),
+            **{key: float(routing[key]) for key in OPTIONAL_ROUTING if key in routing},
         )
     return RoutingTable(version=raw["version"], cluster=raw["cluster"], models=models, raw=raw)
 

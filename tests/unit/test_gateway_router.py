@@ -21,10 +21,10 @@ from gateway.table import parse
 BS = 16
 
 
-def model_of(workers, mode=None, threshold=512, temperature=0.0, paths=None):
+def model_of(workers, mode=None, threshold=512, temperature=0.0, paths=None, **routing):
     table = static_table("m", workers, mode=mode, block_size=BS,
                          local_prefill_max_tokens=threshold,
-                         routing={"temperature": temperature})
+                         routing={"temperature": temperature, **routing})
     for w in table["models"][0]["workers"]:
         w["kv_paths"] = (paths or {}).get(w["id"], [])
     return parse(table).models["m"]
@@ -47,11 +47,16 @@ def test_dynamo_worked_example_picks_w2():
     assert (scores["W2"].prefill_term, scores["W2"].decode_term, scores["W2"].cost) == (5, 5, 10)
     assert (scores["W3"].prefill_term, scores["W3"].decode_term, scores["W3"].cost) == (2, 9, 11)
     assert pick(list(scores.values()), 0.0, random.Random(0)).worker_id == "W2"
-    # Same through the whole planner.
-    model = model_of([w("W1"), w("W2"), w("W3")])
+    # Same through the whole planner, with prefix affinity off (a match ratio above 1 never
+    # qualifies), so the cost alone decides.
+    model = model_of([w("W1"), w("W2"), w("W3")], prefix_min_match=1.1)
     plan = plan_request(model, 4 * BS, {k: v * BS for k, v in cached.items()}, loads,
                         random.Random(0))
     assert plan.decode == "W2" and plan.prefill is None and plan.reason == "kv_aware"
+    # With the default affinity W2 and W3 both hold half the prompt: the cheaper one wins.
+    plan = plan_request(model_of([w("W1"), w("W2"), w("W3")]), 4 * BS,
+                        {k: v * BS for k, v in cached.items()}, loads, random.Random(0))
+    assert plan.decode == "W2" and plan.reason == "kv_prefix"
 
 
 def test_cache_credit_never_goes_negative_and_weights_apply():
@@ -180,3 +185,58 @@ def test_load_spreads_requests_without_cache():
         plan = plan_request(model, 160, {}, loads, random.Random(0))
         loads.setdefault(plan.decode, WorkerLoad()).decode_blocks += 10
     assert sorted(v.decode_blocks for v in loads.values()) == [100, 100, 100]
+
+
+def test_long_prefix_match_wins_over_in_flight_load_difference():
+    # 10-block prompt, 9 blocks cached on B, which has more KV in flight: by the cost A
+    # (all idle) is cheaper (10+10=20 vs 41+1=42), but the prefix would be computed again.
+    loads = {"A": WorkerLoad(0, 0, 1), "B": WorkerLoad(40, 40, 3)}
+    model = model_of([w("A"), w("B")])
+    plan = plan_request(model, 10 * BS, {"B": 9 * BS}, loads, random.Random(0))
+    assert plan.decode == "B" and plan.reason == "kv_prefix" and plan.cached_tokens == 9 * BS
+    # Affinity switched off through the table: the cost decides.
+    plan = plan_request(model_of([w("A"), w("B")], prefix_min_match=1.1), 10 * BS,
+                        {"B": 9 * BS}, loads, random.Random(0))
+    assert plan.decode == "A" and plan.reason == "kv_aware"
+
+
+def test_short_prefix_match_goes_by_cost():
+    # 2 of 10 blocks cached (below the 0.3 match ratio): the cost decides.
+    loads = {"A": WorkerLoad(0, 0, 1), "B": WorkerLoad(40, 40, 3)}
+    plan = plan_request(model_of([w("A"), w("B")]), 10 * BS, {"B": 2 * BS}, loads,
+                        random.Random(0))
+    assert plan.decode == "A" and plan.reason == "kv_aware"
+
+
+def test_imbalanced_load_overrides_prefix_affinity():
+    model = model_of([w("A"), w("B")], imbalance_abs=4, imbalance_rel=1.5)
+    busy = {"A": WorkerLoad(0, 0, 1), "B": WorkerLoad(40, 40, 6)}  # 6 − 1 > 4 and 6 > 1.5
+    plan = plan_request(model, 10 * BS, {"B": 9 * BS}, busy, random.Random(0))
+    assert plan.decode == "A" and plan.reason == "kv_aware"
+    # Both thresholds must be exceeded: 5 − 1 = 4 is not more than 4.
+    close = {"A": WorkerLoad(0, 0, 1), "B": WorkerLoad(40, 40, 5)}
+    assert plan_request(model, 10 * BS, {"B": 9 * BS}, close, random.Random(0)).decode == "B"
+
+
+def test_prefix_affinity_ties_go_to_the_cheaper_holder():
+    loads = {"A": WorkerLoad(0, 0, 0), "B": WorkerLoad(5, 5, 1), "C": WorkerLoad(0, 2, 1)}
+    cached = {"B": 8 * BS, "C": 8 * BS}
+    plan = plan_request(model_of([w("A"), w("B"), w("C")]), 10 * BS, cached, loads,
+                        random.Random(0))
+    assert plan.decode == "C" and plan.reason == "kv_prefix"
+
+
+def test_conditional_decode_stage_follows_prefix_too():
+    workers = [w("P", role="prefill"), w("D1", role="decode"), w("D2", role="decode")]
+    loads = {"D1": WorkerLoad(0, 0, 0), "D2": WorkerLoad(30, 60, 3)}
+    plan = plan_request(model_of(workers, mode="conditional", threshold=64), 20 * BS,
+                        {"D2": 18 * BS}, loads, random.Random(0))
+    assert plan.decode == "D2" and plan.prefill is None and plan.reason == "pd_local_prefill"
+
+
+def test_optional_routing_fields_are_validated():
+    from gateway.table import TableError
+
+    table = static_table("m", [w("A")], block_size=BS, routing={"prefix_min_match": -1})
+    with pytest.raises(TableError, match="prefix_min_match"):
+        parse(table)
