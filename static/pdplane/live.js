@@ -1,11 +1,10 @@
 // Live updates: htmx's ws extension applies the server's out-of-band fragments. When the
-// websocket keeps failing (a proxy that blocks upgrades, say), fall back to polling the
-// same fragments, slower while the tab is hidden, and go back to the socket when it works.
+// websocket fails (a proxy that blocks upgrades, a server restart), poll the same fragments
+// — every 3 s, every 15 s while the tab is hidden — until the socket delivers again.
 (function () {
   const live = document.getElementById("live");
   const status = document.getElementById("live-status");
   if (!live) return;
-  let failures = 0;
   let pollTimer = null;
 
   function setStatus(text, cls) {
@@ -31,12 +30,15 @@
   function startPolling() { if (!pollTimer) { pollTimer = setTimeout(poll, 0); } }
   function stopPolling() { if (pollTimer) { clearTimeout(pollTimer); pollTimer = null; } }
 
-  document.body.addEventListener("htmx:wsOpen", () => { failures = 0; stopPolling(); setStatus("live", "on"); });
+  // A socket that opens and closes without delivering anything (a proxy that accepts the
+  // upgrade, then drops it) is a failure too: only a received message proves it works.
+  document.body.addEventListener("htmx:wsAfterMessage", () => { stopPolling(); setStatus("live", "on"); });
   document.body.addEventListener("htmx:wsClose", () => {
-    failures += 1;
     setStatus("reconnecting…", "off");
-    if (failures >= 2) startPolling();
+    // Poll while the extension backs off and reconnects; the first message it delivers
+    // stops the polling again.
+    startPolling();
   });
-  document.body.addEventListener("htmx:wsError", () => { failures += 1; if (failures >= 2) startPolling(); });
+  document.body.addEventListener("htmx:wsError", startPolling);
   if (status && !window.WebSocket) startPolling();
 })();

@@ -98,3 +98,17 @@ def test_operator_approves_a_plan_in_the_browser_viewer_cannot(asgi_server, page
     plan.refresh_from_db()
     assert plan.status != "proposed" and plan.decided_by.username == "operator1"
     screenshot(page, "plan-approved")
+
+
+def test_falls_back_to_polling_when_websockets_fail(asgi_server, page):
+    """A proxy that refuses websocket upgrades: the page polls the same fragments instead."""
+    call_command("load_sample_fleets", stdout=io.StringIO())
+    make_user("viewer")
+    page.route_web_socket("**/ws/live/**", lambda ws: ws.close())
+    login(page, asgi_server, "viewer1", PASSWORD)
+    page.wait_for_selector("#live-status.poll", timeout=20_000)
+    node = Node.objects.get(hostname="rtxpro-02")
+    Node.objects.filter(pk=node.pk).update(status="stale")
+    # No hint is needed: polling re-reads every node the page shows.
+    page.wait_for_selector(f"#node-{node.pk}.stale", timeout=20_000)
+    screenshot(page, "topology-polling-fallback")
