@@ -6,6 +6,7 @@
   const status = document.getElementById("live-status");
   if (!live) return;
   let pollTimer = null;
+  let polling = false;
 
   function setStatus(text, cls) {
     const el = document.getElementById("live-status");
@@ -25,10 +26,10 @@
         setStatus("polling", "poll");
       })
       .catch(() => setStatus("offline", "off"))
-      .finally(() => { pollTimer = setTimeout(poll, pollDelay()); });
+      .finally(() => { if (polling) pollTimer = setTimeout(poll, pollDelay()); });
   }
-  function startPolling() { if (!pollTimer) { pollTimer = setTimeout(poll, 0); } }
-  function stopPolling() { if (pollTimer) { clearTimeout(pollTimer); pollTimer = null; } }
+  function startPolling() { if (!polling) { polling = true; pollTimer = setTimeout(poll, 0); } }
+  function stopPolling() { polling = false; clearTimeout(pollTimer); pollTimer = null; }
 
   // A socket that opens and closes without delivering anything (a proxy that accepts the
   // upgrade, then drops it) is a failure too: only a received message proves it works.
