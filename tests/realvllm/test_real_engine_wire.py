@@ -69,8 +69,13 @@ def test_prefix_hits_are_whole_blocks_of_a_repeated_prompt(engine_a):
 
 def test_kv_usage_counts_blocks_of_a_running_request(engine_a):
     """usage x num_gpu_blocks = blocks held by the request in flight (then back to 0)."""
-    with probe.request_in_flight(engine_a.url, probe.unique_prompt(100)) as prompt_ids:
-        families = probe.scrape(engine_a.metrics_url)
+    # The tiny model decodes 800 tokens in well under a second on a quiet machine, so the
+    # scrape can land after the request finished: try again with a fresh request.
+    for _ in range(5):
+        with probe.request_in_flight(engine_a.url, probe.unique_prompt(100)) as prompt_ids:
+            families = probe.scrape(engine_a.metrics_url)
+        if probe.value(families, "vllm:num_requests_running") == 1:
+            break
     blocks = round(probe.value(families, "vllm:kv_cache_usage_perc") * ENGINE_A_BLOCKS)
     assert probe.value(families, "vllm:num_requests_running") == 1
     # At least the prompt's blocks, at most what prompt + all 800 tokens could fill.
