@@ -36,13 +36,15 @@ class Phase:
     shared_words: int
     answer_tokens: int
     documents: int  # distinct shared prefixes
+    only_model: str = ""  # send this phase's requests to one model ("" = alternate)
 
 
-# Chat is light for 24 GPUs; RAG's long, mostly uncached prompts make prefill chunks
-# interrupt decode steps often enough to push ITL p95 over target when aggregated.
+# Chat is light for 24 GPUs. RAG goes to the 70B model only: its long, mostly uncached
+# prompts keep prefill busy enough that prefill chunks interrupt a good share of decode
+# steps, pushing ITL p95 over target while aggregated — the case where a split pays.
 PHASES = (
     Phase("chat", 60, 4.0, 600, 300, 150, 1),
-    Phase("rag", 300, 5.0, 6000, 1500, 250, 8),
+    Phase("rag", 300, 5.0, 6000, 1500, 250, 8, only_model="llama-3.3-70b-fp8"),
     Phase("quiet", 60, 0.2, 400, 200, 50, 1),
 )
 
@@ -97,7 +99,9 @@ class Traffic:
         doc = self.rng.randrange(phase.documents)
         prompt = _prefix(phase, doc) + " " + _text(self.rng, phase.prompt_words -
                                                    phase.shared_words)
-        body = {"model": self.models[n % len(self.models)], "prompt": prompt,
+        model = (phase.only_model if phase.only_model in self.models
+                 else self.models[n % len(self.models)])
+        body = {"model": model, "prompt": prompt,
                 "max_tokens": phase.answer_tokens, "stream": True}
         try:
             async with session.post(f"{self.url}/v1/completions", json=body) as resp:
@@ -127,7 +131,8 @@ def parse_phases(spec: str) -> tuple[Phase, ...]:
     for name, seconds in wanted.items():
         base = by_name[name]
         out.append(Phase(name, float(seconds), base.rate_rps, base.prompt_words,
-                         base.shared_words, base.answer_tokens, base.documents))
+                         base.shared_words, base.answer_tokens, base.documents,
+                         base.only_model))
     return tuple(out)
 
 

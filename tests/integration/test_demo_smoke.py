@@ -124,3 +124,65 @@ def test_demo_runs_plans_routes_and_stops_clean(tmp_path):
     for pid in leftovers:
         os.kill(pid, signal.SIGKILL)
     assert not leftovers, f"processes left behind: {leftovers}"
+
+
+PLAN_SCRIPT = """
+import json
+from controlplane.planner.models import Plan
+from controlplane.topology.models import Gateway
+plans = Plan.objects.filter(cluster__name="demo").order_by("created")
+print(json.dumps({
+    "plans": [{"status": p.status, "target": p.target_layout, "diff": p.diff,
+               "drain_started": p.apply_started_at is not None,
+               "explanation": p.explanation} for p in plans],
+    "gateway_version": Gateway.objects.get(cluster__name="demo").applied_table_version,
+}))
+"""
+
+
+def test_rag_load_makes_the_planner_split_and_the_gateway_follow(tmp_path):
+    """Load shifts from chat to long-prompt RAG: the planner (auto mode in the demo) proposes
+    a split, drains the workers it moves, switches them and the gateway's table follows.
+    Bounded to ~5 minutes: the planner needs a few minutes of RAG load to see it."""
+    web, gateway = free_port(), free_port()
+    env = python_env(DATABASE_URL=None, REDIS_URL=None, PDPLANE_VAR_DIR=str(tmp_path),
+                     PROMETHEUS_MULTIPROC_DIR=None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "controlplane.launcher", "--port", str(web), "--gateway-port",
+         str(gateway), "--base-port", str(_free_base()), "--phases", "chat=20,rag=900"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    state: dict = {}
+    try:
+        deadline = time.monotonic() + 330
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                pytest.fail(f"launcher exited early:\n{proc.stdout.read()}")
+            if (tmp_path / "demo" / "traffic.json").exists():
+                result = run_python("manage.py", "shell", "-c", PLAN_SCRIPT, env=env, timeout=60)
+                if result.returncode == 0:
+                    state = json.loads(result.stdout.strip().splitlines()[-1])
+                    if any(p["status"] == "applied" for p in state["plans"]):
+                        break
+            time.sleep(5)
+        applied = [p for p in state.get("plans", []) if p["status"] == "applied"]
+        assert applied, state
+        plan = applied[0]
+        assert plan["drain_started"] and plan["diff"], plan  # workers drained, then switched
+        assert all(change["done"] for change in plan["diff"]), plan
+        assert any(c["to_role"] == "prefill" for c in plan["diff"]), plan
+        assert "→" in plan["explanation"], plan
+        # The gateway applied the tables published for the drain and for the new roles.
+        assert state["gateway_version"] >= 3, state
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+    time.sleep(1)
+    leftovers = _processes_with(f"PDPLANE_VAR_DIR={tmp_path}")
+    for pid in leftovers:
+        os.kill(pid, signal.SIGKILL)
+    assert not leftovers, f"processes left behind: {leftovers}"
