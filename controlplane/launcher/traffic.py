@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import signal
 import time
@@ -119,8 +120,11 @@ class Traffic:
 
     def _write_stats(self) -> None:
         if self.stats_path:
-            self.stats_path.write_text(json.dumps({"phase": self.phase, **self.counts,
-                                                   "inflight": self.inflight}))
+            # Write then rename: readers (the launcher, tests) never see a half-written file.
+            tmp = self.stats_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"phase": self.phase, **self.counts,
+                                       "inflight": self.inflight}))
+            os.replace(tmp, self.stats_path)
 
 
 def parse_phases(spec: str) -> tuple[Phase, ...]:
