@@ -24,7 +24,7 @@ from gateway.statictable import static_table
 from tests.conftest import ROOT, free_port
 from tests.realvllm import engine_probe as probe
 from tests.realvllm.conftest import BLOCK_SIZE, MODEL_NAME
-from tests.realvllm.test_real_pd_direct import transfer_counters
+from tests.realvllm.test_real_pd_direct import transfer_counters, transfer_counters_after
 
 pytestmark = [pytest.mark.realvllm, pytest.mark.timeout(900)]
 
@@ -128,7 +128,7 @@ def test_gateway_disaggregated_stream_matches_one_engine_alone(engine_a, engine_
     ) as response:
         assert response.status_code == 200, response.text
         tokens = probe.stream_token_ids(response)
-    after = transfer_counters(engine_b)
+    after = transfer_counters_after(engine_b, before)
     delta = {key: after[key] - before[key] for key in after}
 
     assert tokens == expected, "gateway P/D greedy tokens differ from one engine alone"
@@ -167,21 +167,31 @@ def test_gateway_chat_disaggregated_matches_one_engine_alone(engine_a, engine_b,
     ) as response:  # fmt: skip
         assert response.status_code == 200, response.text
         tokens = probe.stream_token_ids(response)
-    after = transfer_counters(engine_b)
+    after = transfer_counters_after(engine_b, before)
     assert tokens == expected
     assert after[EXTERNAL] - before[EXTERNAL] >= BLOCK_SIZE
 
 
 def test_gateway_consumes_real_kv_events(gateway_url):
-    gateway = probe.scrape(f"{gateway_url}/metrics")
-    batches = {
-        s.labels["worker"]: s.value
-        for s in gateway.get("pdplane_gateway_kv_events", [])
-        if s.name.endswith("_total")
-    }
-    assert batches.get("vllm-a", 0) > 0, (
-        f"gateway saw no KV events from the prefill engine: {batches}"
-    )
+    def batches() -> dict:
+        gateway = probe.scrape(f"{gateway_url}/metrics")
+        return {
+            s.labels["worker"]: s.value
+            for s in gateway.get("pdplane_gateway_kv_events", [])
+            if s.name.endswith("_total")
+        }
+
+    # ZMQ subscribers miss what was published before they joined, so prefill something new
+    # through the gateway (its prefill runs on engine a) until a batch from a arrives.
+    deadline = time.monotonic() + 30
+    seen = batches()
+    while seen.get("vllm-a", 0) == 0 and time.monotonic() < deadline:
+        requests.post(f"{gateway_url}/v1/completions", json={
+            "model": MODEL_NAME, "prompt": probe.unique_prompt(80), "max_tokens": 2,
+            "temperature": 0}, timeout=60).raise_for_status()
+        time.sleep(0.5)
+        seen = batches()
+    assert seen.get("vllm-a", 0) > 0, f"gateway saw no KV events from the prefill engine: {seen}"
 
 
 def _counter(families: dict, name: str) -> float:

@@ -8,6 +8,7 @@ and B's /metrics must show the prompt arrived by KV transfer, not by recomputati
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
@@ -42,6 +43,22 @@ def transfer_counters(engine) -> dict[str, float]:
         name + str(labels): probe.value(families, name, **labels)
         for name, labels in TRANSFER_COUNTERS
     }
+
+
+EXTERNAL_KEY = "vllm:prompt_tokens_by_source_total{'source': 'external_kv_transfer'}"
+
+
+def transfer_counters_after(engine, before: dict[str, float], timeout: float = 15.0):
+    """The counters once they show a transfer since ``before`` (or after ``timeout``).
+
+    vLLM updates them when it logs the finished request, which can come a moment after the
+    stream's last byte; reading at once races it on a busy machine."""
+    deadline = time.monotonic() + timeout
+    while True:
+        after = transfer_counters(engine)
+        if after[EXTERNAL_KEY] > before[EXTERNAL_KEY] or time.monotonic() > deadline:
+            return after
+        time.sleep(0.2)
 
 
 def disaggregated_stream(prefill, decode, body: dict) -> tuple[list[int], dict]:
@@ -90,7 +107,7 @@ def test_disaggregated_stream_matches_one_engine_alone(engine_a, engine_b):
 
     before = transfer_counters(engine_b)
     tokens, params = disaggregated_stream(engine_a, engine_b, body)
-    after = transfer_counters(engine_b)
+    after = transfer_counters_after(engine_b, before)
     delta = {key: after[key] - before[key] for key in after}
 
     assert tokens == expected, "P/D greedy tokens differ from one engine alone"
