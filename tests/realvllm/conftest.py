@@ -314,3 +314,13 @@ def engine_a(vllm_engines: EnginePair) -> VLLMInstance:
 @pytest.fixture(scope="package")
 def engine_b(vllm_engines: EnginePair) -> VLLMInstance:
     return vllm_engines.b
+
+
+def pytest_collection_modifyitems(config, items):
+    """Real engines publish KV events and update counters on their own schedule, and ZMQ
+    subscribers miss what was sent before they joined: on a loaded 2-core machine a check can
+    land a moment early. Rerun such a test (twice at most) instead of failing the whole run on
+    timing; a real defect fails all three tries."""
+    for item in items:
+        if item.get_closest_marker("realvllm"):
+            item.add_marker(pytest.mark.flaky(reruns=2, reruns_delay=2))
