@@ -12,7 +12,6 @@ from datetime import datetime
 from importlib import metadata
 
 from django.apps import apps
-from django.db.models import Max
 
 from controlplane.topology.choices import NodeStatus, WorkerState
 from controlplane.topology.models import Cluster, Gateway, Node, Worker
@@ -124,9 +123,7 @@ def _worker_facts(cluster, worker: Worker, state: dict | None, slo) -> WorkerFac
 
 def _latest_routing_versions() -> dict[int, int]:
     try:
-        model = apps.get_model("routing", "RoutingTableVersion")
-        rows = model.objects.values("cluster_id").annotate(latest=Max("version"))
-        return {r["cluster_id"]: r["latest"] for r in rows}
+        return apps.get_model("routing", "RoutingTableVersion").latest_per_cluster()
     except Exception:  # routing app not there (yet) or not migrated
         log.debug("alerts: routing versions unavailable", exc_info=True)
         return {}

@@ -11,6 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from controlplane.accounts.roles import READ, restrict
+from controlplane.routing.models import RoutingTableVersion
 from controlplane.topology.choices import NodeStatus, Role, WorkerState
 from controlplane.topology.models import GPU, NIC, Cluster, Fabric, Gateway, Node, Worker
 
@@ -200,7 +201,7 @@ def topology(user, filters: Filters) -> dict:
     ):
         fabrics[f["cluster__name"]].append(f)
     gateways = defaultdict(list)
-    latest = _latest_versions()
+    latest = RoutingTableVersion.latest_per_cluster()
     for gw in Gateway.objects.filter(cluster__in=cluster_qs).values(
         "cluster_id", "cluster__name", "name", "url", "applied_table_version", "last_ack_at",
         "last_error",
@@ -227,9 +228,3 @@ def topology(user, filters: Filters) -> dict:
             "statuses": NodeStatus.values,
         },
     }
-
-
-def _latest_versions() -> dict[int, int]:
-    from controlplane.observability.metrics import _latest_table_versions
-
-    return _latest_table_versions()

@@ -68,6 +68,7 @@ class StateCollector:
     """Gauges computed at scrape time from the database and hot state."""
 
     def collect(self):
+        from controlplane.routing.models import RoutingTableVersion
         from controlplane.topology.models import Gateway, Node
 
         nodes = GaugeMetricFamily("pdplane_nodes", "Nodes by liveness status", labels=["status"])
@@ -83,7 +84,7 @@ class StateCollector:
             "Routing table versions the gateway is behind the latest",
             labels=["cluster", "gateway"],
         )
-        latest = _latest_table_versions()
+        latest = RoutingTableVersion.latest_per_cluster()
         for gw in Gateway.objects.select_related("cluster"):
             behind = max(latest.get(gw.cluster_id, 0) - gw.applied_table_version, 0)
             lag.add_metric([gw.cluster.name, gw.name], behind)
@@ -115,17 +116,6 @@ def _agents_reporting() -> GaugeMetricFamily | None:
     family.add_metric([], sum(1 for t in seen.values() if now - t <= fresh_s))
     return family
 
-
-def _latest_table_versions() -> dict[int, int]:
-    try:
-        from django.db.models import Max
-
-        from controlplane.routing.models import RoutingTableVersion
-    except ImportError:
-        return {}
-    return dict(
-        RoutingTableVersion.objects.values_list("cluster_id").annotate(v=Max("version"))
-    )
 
 
 def exposition() -> tuple[bytes, str]:

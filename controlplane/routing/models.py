@@ -41,6 +41,11 @@ class RoutingTableVersion(models.Model):
     def etag(self) -> str:
         return f'"v{self.version}-{self.content_sha[:16]}"'
 
+    @classmethod
+    def latest_per_cluster(cls) -> dict[int, int]:
+        """cluster id → newest table version (one grouped query)."""
+        return dict(cls.objects.values_list("cluster_id").annotate(v=models.Max("version")))
+
 
 class DeliveryStatus(models.TextChoices):
     PENDING = "pending", "Pending (waiting for its next attempt)"
