@@ -10,6 +10,16 @@ starting aggregated. Reports goodput per GPU (requests meeting both TTFT and per
 mean ITL targets, per second, per GPU), the planner's share of the best static layout, and
 the role changes it made (count and per hour of simulated time).
 
+Every run — static layouts and the planner alike — sheds requests still queued without a
+first token ``--deadline-factor`` × the TTFT target after arrival (the modelled gateway's
+deadline shedding, ``VirtualFleet(queue_deadline_s=...)``; 0 turns it off). A shed request
+had already missed its TTFT target, so shedding never drops one that would have counted.
+
+Steady goodput counts requests arriving after the warm-up, over the arrival window after
+it (``duration - warmup``): every layout is offered the same requests over the same
+window, so the comparison is between counts of requests served within targets. (The
+``*_drain`` figures divide by the time from the warm-up to the last finish instead.)
+
 Model: Llama 3.3 70B FP8. RTX PRO 6000 workers are TP2 (a TP1 card decodes a 70B FP8 step in
 ~52 ms, so no layout could meet a 50 ms ITL target); H200 NVL workers are TP1.
 """
@@ -79,6 +89,7 @@ TRACES = {
 }
 
 CONTROL_INTERVAL_S = 15.0
+DEADLINE_FACTOR = 2.0  # shed requests still queued this many TTFT targets after arrival
 
 
 def shape(cluster: dict) -> WorkerShape:
@@ -186,23 +197,34 @@ class PlannerController:
         return out
 
 
-def run_fleet(cluster, workload, slo, roles=None, controller=False, warmup_s=0.0):
+def run_fleet(cluster, workload, slo, roles=None, controller=False, warmup_s=0.0,
+              duration_s=None, deadline_factor=DEADLINE_FACTOR):
     engines = sim_engines(cluster, roles)
     ctl = PlannerController(cluster, engines, slo) if controller else None
+    deadline = deadline_factor * slo["ttft_ms"] / 1000.0 if deadline_factor > 0 else None
     fleet = VirtualFleet(engines, sim_links(cluster), controller=ctl,
-                         control_interval_s=CONTROL_INTERVAL_S)
+                         control_interval_s=CONTROL_INTERVAL_S, queue_deadline_s=deadline)
     result = fleet.run(workload)
     s = result.summary(slo["ttft_ms"], slo["itl_ms"])
-    # Steady state: only requests that arrive after the warm-up, over the time after it.
+    # Steady state: only requests that arrive after the warm-up, over the arrival window
+    # after it (the same for every layout); "drain": over warm-up → last finish.
     late = [r for r in result.results if r.arrival >= warmup_s]
     ends = [r.finish_time for r in late if r.finish_time is not None]
+    drain = summarize(late, slo["ttft_ms"], slo["itl_ms"], 0.9, result.num_gpus,
+                      duration=(max(ends) - warmup_s) if ends else None)
+    if duration_s is None:
+        duration_s = max((r.arrival for r in result.results), default=warmup_s)
     steady = summarize(late, slo["ttft_ms"], slo["itl_ms"], 0.9, result.num_gpus,
-                       duration=(max(ends) - warmup_s) if ends else None)
+                       duration=max(duration_s - warmup_s, 1e-9))
     changes = len(result.role_changes)
     hours = max(result.sim_seconds, 1e-9) / 3600
     return {
         "goodput_per_gpu": s.goodput_rps_per_gpu,
-        "steady_goodput_per_gpu": steady.goodput_rps_per_gpu,
+        "steady_goodput_per_gpu": steady.goodput_rps_per_gpu if late else 0.0,
+        "steady_drain_goodput_per_gpu": drain.goodput_rps_per_gpu,
+        "shed": fleet.num_shed,
+        "requests": len(result.results),
+        "steady_attainment": steady.slo_attainment if late else None,
         "attainment": s.slo_attainment,
         "ttft_p95_ms": s.ttft_ms.get("p95"),
         "itl_p95_ms": s.itl_ms.get("p95"),
@@ -277,12 +299,13 @@ WORKLOADS = ["chat-low-concurrency", "rag-4k", "prefill-heavy-3k-50", "reasoning
 
 
 def _job(args):
-    cname, wname, p, duration_s, warmup_s = args
+    cname, wname, p, duration_s, warmup_s, k = args
     cluster = CLUSTERS[cname]
     wl, slo, note = make_workload(cluster, wname, duration_s)
+    kw = {"warmup_s": warmup_s, "duration_s": duration_s, "deadline_factor": k}
     if p is None:
-        return args, note, run_fleet(cluster, wl, slo, controller=True, warmup_s=warmup_s)
-    return args, note, run_fleet(cluster, wl, slo, static_roles(cluster, p), warmup_s=warmup_s)
+        return args, note, run_fleet(cluster, wl, slo, controller=True, **kw)
+    return args, note, run_fleet(cluster, wl, slo, static_roles(cluster, p), **kw)
 
 
 def main() -> None:
@@ -293,6 +316,9 @@ def main() -> None:
     ap.add_argument("--clusters", default=",".join(CLUSTERS))
     ap.add_argument("--splits", default="", help="P values to run (default: every one)")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--deadline-factor", type=float, default=DEADLINE_FACTOR,
+                    help="shed requests still queued this many TTFT targets after arrival "
+                         "(0: no shedding)")
     ap.add_argument("--json", default="", help="write the results here")
     args = ap.parse_args()
     names = [x for x in args.only.split(",") if x] or WORKLOADS
@@ -302,14 +328,17 @@ def main() -> None:
         n = cluster["nodes"] * cluster["gpus_per_node"] // cluster["tp"]
         ps = [int(x) for x in args.splits.split(",") if x] or list(range(n))
         for wname in names:
-            jobs.append((cname, wname, None, args.duration, args.warmup))
-            jobs.extend((cname, wname, p, args.duration, args.warmup) for p in ps if p < n)
+            k = args.deadline_factor
+            jobs.append((cname, wname, None, args.duration, args.warmup, k))
+            jobs.extend((cname, wname, p, args.duration, args.warmup, k) for p in ps if p < n)
     results: dict = {}
     with multiprocessing.Pool(args.jobs) as pool:
-        for (cname, wname, p, _d, _w), note, res in pool.imap_unordered(_job, jobs):
+        for (cname, wname, p, _d, _w, _k), note, res in pool.imap_unordered(_job, jobs):
             print(f"# {cname} {wname} {'planner' if p is None else f'P={p}'}: steady "
-                  f"{res['steady_goodput_per_gpu']:.4f}/GPU, whole {res['goodput_per_gpu']:.4f}"
-                  f", {res['role_changes']} changes, final {res['final_roles']} "
+                  f"{res['steady_goodput_per_gpu']:.4f}/GPU (drain "
+                  f"{res['steady_drain_goodput_per_gpu']:.4f}), whole "
+                  f"{res['goodput_per_gpu']:.4f}, shed {res['shed']}/{res['requests']}, "
+                  f"{res['role_changes']} changes, final {res['final_roles']} "
                   f"[{res['wall_s']:.0f} s]", file=sys.stderr, flush=True)
             results.setdefault((cname, wname), {"note": note, "static": {}, "planner": None})
             slot = results[(cname, wname)]
@@ -324,7 +353,7 @@ def main() -> None:
             kv[0][0], names.index(kv[0][1]))):
         static, planner = slot["static"], slot["planner"]
         row = {"cluster": cname, "workload": wname, "load": slot["note"]}
-        for key in ("goodput_per_gpu", "steady_goodput_per_gpu"):
+        for key in ("goodput_per_gpu", "steady_goodput_per_gpu", "steady_drain_goodput_per_gpu"):
             best_name = max(static, key=lambda k, key=key: static[k][key])
             best = static[best_name][key]
             row[key] = {
@@ -336,14 +365,20 @@ def main() -> None:
         row["planner_role_changes"] = planner["role_changes"]
         row["planner_changes_per_hour"] = planner["changes_per_hour"]
         row["planner_final_layout"] = planner["final_roles"]
-        row["static"] = {k: (v["goodput_per_gpu"], v["steady_goodput_per_gpu"])
+        row["planner_shed"] = planner["shed"]
+        row["best_static_shed"] = static[row["steady_goodput_per_gpu"]["best_static"]]["shed"]
+        row["requests"] = planner["requests"]
+        row["static"] = {k: (v["goodput_per_gpu"], v["steady_goodput_per_gpu"],
+                             v["steady_drain_goodput_per_gpu"], v["shed"])
                          for k, v in static.items()}
         rows.append(row)
     print("| cluster | workload | load | best static (steady) | aggregated | planner | "
-          "planner ÷ best (steady / whole run) | planner final layout | role changes |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "planner ÷ best (steady / drain / whole run) | shed (best static / planner) | "
+          "planner final layout | role changes |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         st, whole = r["steady_goodput_per_gpu"], r["goodput_per_gpu"]
+        dr = r["steady_drain_goodput_per_gpu"]
 
         def pct(x):
             return "n/a (no layout had goodput)" if x is None else f"{x:.0%}"
@@ -351,7 +386,8 @@ def main() -> None:
         agg = "—" if st["aggregated"] is None else f"{st['aggregated']:.4f}"
         print(f"| {r['cluster']} | {r['workload']} | {r['load']} | {st['best_static']} "
               f"{st['best']:.4f} | {agg} | {st['planner']:.4f} | "
-              f"{pct(st['share'])} / {pct(whole['share'])} | {r['planner_final_layout']} | "
+              f"{pct(st['share'])} / {pct(dr['share'])} / {pct(whole['share'])} | "
+              f"{r['best_static_shed']} / {r['planner_shed']} | {r['planner_final_layout']} | "
               f"{r['planner_role_changes']} ({r['planner_changes_per_hour']:.0f}/h) |")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1, default=str))

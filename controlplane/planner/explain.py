@@ -150,7 +150,36 @@ def explain_decision(d: ModelDecision, inp: ModelInput) -> str:
             else ""
         )
         lines.append(f"→ move toward {tgt.layout if tgt else '?'} ({why}): {moves}.")
+        if d.overload:
+            lines.append(explain_overload(d.overload, pol.overload_change_share))
     elif d.reason in verdict:
         lines.append(verdict[d.reason] + ".")
     lines.extend(note.rstrip(".") + "." for note in d.notes)
     return " ".join(lines)
+
+
+def explain_overload(o: dict, share: float) -> str:
+    """Why this cycle moved more workers than ``max_changes_per_cycle``."""
+
+    def cap(x: float | None) -> str:
+        return "unbounded" if x is None else rate(x)
+
+    if o["current_overloaded"]:
+        now = (
+            f"{o['current_layout']} is overloaded at {rate(o['rate_rps'])} "
+            f"({o['current_bottleneck']}, saturates near {cap(o['current_capacity_rps'])})"
+        )
+    else:
+        now = (
+            f"{o['current_layout']} keeps {rate(o['current_goodput_rps'])} of "
+            f"{rate(o['rate_rps'])} within targets (less than half of the "
+            f"{rate(o['target_goodput_rps'])} {o['target_layout']} would)"
+        )
+    return (
+        f"Larger step: {now} and {o['waiting']:,} requests wait across {o['workers']} "
+        f"workers, while {o['target_layout']} is predicted to keep up (saturates near "
+        f"{cap(o['target_capacity_rps'])}); each cycle in the old layout adds to a backlog "
+        f"the new one must work off first, so up to {o['limit']} workers move into or out "
+        f"of prefill this cycle instead of {o['normal_limit']} "
+        f"(overload_change_share {share:.0%})."
+    )

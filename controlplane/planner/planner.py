@@ -8,7 +8,9 @@ Per model: evaluate aggregated and every feasible P:D split (concrete placement 
 :mod:`.placement`, predictions from :mod:`.costmodel`) at the near-term load, pick the one
 with the highest predicted goodput, then decide whether to move: only when the gain clears
 the hysteresis margin, the decode pool still holds the sequences in flight, min/max per role
-hold, the workers are past their cooldown, and at most ``max_changes_per_cycle`` change now.
+hold, the workers are past their cooldown, and at most ``max_changes_per_cycle`` change now
+(more, up to ``overload_change_share`` of the workers, when the current layout is predicted
+overloaded, the target is not, and requests are queueing on the workers).
 """
 
 from __future__ import annotations
@@ -98,6 +100,7 @@ class ModelDecision:
     explanation: str = ""
     notes: list[str] = field(default_factory=list)
     rejected: dict[str, str] = field(default_factory=dict)  # layout → why infeasible
+    overload: dict | None = None  # set when this cycle's step was raised for overload
 
     @property
     def changed(self) -> bool:
@@ -112,6 +115,7 @@ class ModelDecision:
             "step": self.step.as_dict() if self.step else None,
             "candidates": [p.as_dict() for p in self.candidates],
             "rejected": dict(self.rejected),
+            "overload": dict(self.overload) if self.overload else None,
         }
 
 
@@ -223,6 +227,48 @@ def _search(
     return [evaluated[p] for p in sorted(evaluated)], evaluated
 
 
+def _overload(
+    inp: ModelInput, current_now: Prediction, best_now: Prediction, n_workers: int
+) -> dict | None:
+    """The facts behind a larger step, or None. Two conditions, both needed:
+
+    * predicted: at the load now the current layout is overloaded (its queues grow without
+      bound) or keeps less than half the goodput the target would, and the target itself
+      is not overloaded;
+    * measured: requests are queueing, at least one waiting per worker on average.
+
+    Waiting then costs twice: every cycle spent in the old layout adds to a backlog that
+    the new one must work off before anyone behind it meets the TTFT target."""
+    share = inp.policy.overload_change_share
+    rate = inp.load.rate_rps
+    if share <= 0 or rate <= 0 or best_now.overloaded or best_now.goodput_rps <= 0:
+        return None
+    if not (current_now.overloaded or current_now.goodput_rps < 0.5 * best_now.goodput_rps):
+        return None
+    waiting = sum(x.waiting for x in inp.workers)
+    if waiting < n_workers:
+        return None
+
+    def cap(p: Prediction) -> float | None:
+        return None if math.isinf(p.capacity_rps) else round(p.capacity_rps, 6)
+
+    return {
+        "limit": max(inp.policy.max_changes_per_cycle, math.ceil(share * n_workers)),
+        "normal_limit": inp.policy.max_changes_per_cycle,
+        "rate_rps": round(rate, 6),
+        "current_layout": current_now.layout,
+        "current_overloaded": current_now.overloaded,
+        "current_goodput_rps": round(current_now.goodput_rps, 6),
+        "current_capacity_rps": cap(current_now),
+        "current_bottleneck": current_now.bottleneck,
+        "target_layout": best_now.layout,
+        "target_goodput_rps": round(best_now.goodput_rps, 6),
+        "target_capacity_rps": cap(best_now),
+        "waiting": waiting,
+        "workers": n_workers,
+    }
+
+
 def _eligible(w: WorkerInput, now: float, cooldown_s: float) -> str:
     if w.stale:
         return "stale"
@@ -272,6 +318,7 @@ def plan_model(
             workload=w_plan,
             notes=kw.pop("notes", []),
             rejected=kw.pop("rejected", {}),
+            overload=kw.pop("overload", None),
         )
         d.explanation = explain.explain_decision(d, inp)
         return d
@@ -397,48 +444,77 @@ def plan_model(
     heavy = [(x, r) for x, r in movable if "prefill" in (x.role, r)]
     light = [(x, r) for x, r in movable if "prefill" not in (x.role, r)]
     heavy.sort(key=lambda t: (t[0].running + t[0].waiting, t[0].name, t[0].id))
-    take = heavy[: pol.max_changes_per_cycle]
-    p_after = cur_p + sum(1 for _x, r in take if r == "prefill") - sum(
-        1 for x, _r in take if x.role == "prefill"
-    )
     d_now = sum(1 for x in workers if x.role == "decode")
-    d_after_heavy = d_now - sum(1 for x, _r in take if x.role == "decode")
-    if best.n_prefill > 0:
-        d_goal = min(math.ceil(p_after * best.n_decode / best.n_prefill), n_workers - p_after)
-    else:
-        d_goal = math.ceil(d_now * p_after / cur_p) if cur_p else 0
-    if len(heavy) <= len(take):  # last step: everything goes
-        d_goal = sum(1 for x in workers if _target_role(placed_of(x), aggregated) == "decode")
-    nodes_moving = {x.node for x, _r in take}
-    light.sort(key=lambda t: (t[0].node not in nodes_moving, t[0].running, t[0].name, t[0].id))
-    if best.n_prefill > 0:
-        take += light[: max(d_goal - d_after_heavy, 0)]
-    else:
-        take += light[: max(d_after_heavy - d_goal, 0)]
+
+    def take_up_to(limit: int) -> list[tuple[WorkerInput, str]]:
+        take = heavy[:limit]
+        p_after = cur_p + sum(1 for _x, r in take if r == "prefill") - sum(
+            1 for x, _r in take if x.role == "prefill"
+        )
+        d_after_heavy = d_now - sum(1 for x, _r in take if x.role == "decode")
+        if best.n_prefill > 0:
+            d_goal = min(
+                math.ceil(p_after * best.n_decode / best.n_prefill), n_workers - p_after
+            )
+        else:
+            d_goal = math.ceil(d_now * p_after / cur_p) if cur_p else 0
+        if len(heavy) <= len(take):  # last step: everything goes
+            d_goal = sum(
+                1 for x in workers if _target_role(placed_of(x), aggregated) == "decode"
+            )
+        nodes_moving = {x.node for x, _r in take}
+        rest = sorted(
+            light, key=lambda t: (t[0].node not in nodes_moving, t[0].running, t[0].name,
+                                  t[0].id)
+        )
+        if best.n_prefill > 0:
+            return take + rest[: max(d_goal - d_after_heavy, 0)]
+        return take + rest[: max(d_after_heavy - d_goal, 0)]
+
+    def step_of(take) -> tuple[Prediction, str]:
+        step_p = cur_p + sum(1 for x, r in take if r == "prefill") - sum(
+            1 for x, r in take if x.role == "prefill"
+        )
+        step = by_p.get(step_p) or predict(inp, step_p, w_plan, topo)
+        return step, (_kv_fits(step, inp) if step_p != cur_p else "")
+
     notes = []
     if blocked:
         notes.append(
             "waiting: " + ", ".join(f"{n} worker(s) {why}" for why, n in sorted(blocked.items()))
         )
+    limit = pol.max_changes_per_cycle
+    overload = _overload(inp, current_now, best_now, n_workers)
+    if overload is not None and overload["limit"] > limit and len(heavy) > limit:
+        take = take_up_to(overload["limit"])
+        step, why = step_of(take)
+        if why:
+            # The larger step would leave too little decode KV: the normal step instead.
+            overload = None
+        else:
+            limit = overload["limit"]
+    else:
+        overload = None
+    if overload is None:
+        take = take_up_to(limit)
+        step, why = step_of(take)
     if not take:
         return decision("hold", "workers-not-eligible", target=best, notes=notes, **common)
-    step_p = cur_p + sum(1 for x, r in take if r == "prefill") - sum(
-        1 for x, r in take if x.role == "prefill"
-    )
-    step = by_p.get(step_p) or predict(inp, step_p, w_plan, topo)
-    why = _kv_fits(step, inp) if step_p != cur_p else ""
     if why:
         rejected[step.layout] = why
         return decision("hold", "step-breaks-kv", target=best, notes=notes, **common)
     if len(take) < len(wanted):
         notes.append(
             f"{len(take)} of {len(wanted)} role changes this cycle "
-            f"(max {pol.max_changes_per_cycle} into or out of prefill per cycle)"
+            f"(max {limit} into or out of prefill per cycle"
+            + (", raised for overload" if overload else "")
+            + ")"
         )
     changes = [RoleChange(x.id, x.name, x.node, x.role, r) for x, r in take]
     reason = "policy-bound" if forced and not (gain_ok or cap_ok) else "better-layout"
     return decision(
-        "change", reason, target=best, step=step, changes=changes, notes=notes, **common
+        "change", reason, target=best, step=step, changes=changes, notes=notes,
+        overload=overload, **common
     )
 
 

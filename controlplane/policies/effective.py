@@ -37,6 +37,10 @@ class EffectivePolicy:
     cooldown_s: int = 300
     hysteresis: float = 0.10
     max_changes_per_cycle: int = 1
+    # Overloaded now (predicted and queueing) and the target is not: up to this share of
+    # the model's workers may change in one cycle (never fewer than max_changes_per_cycle;
+    # 0 turns the escalation off). See docs/planner.md.
+    overload_change_share: float = 0.5
     kv_headroom: float = 0.15
 
     def as_dict(self) -> dict[str, Any]:
@@ -82,6 +86,8 @@ def validate_policy(p: EffectivePolicy) -> dict[str, str]:
         errors["hysteresis"] = "must be in [0, 1)"
     if p.max_changes_per_cycle < 1:
         errors["max_changes_per_cycle"] = "must be at least 1"
+    if not 0 <= p.overload_change_share <= 1:
+        errors["overload_change_share"] = "must be in [0, 1]"
     if not 0 <= p.kv_headroom < 1:
         errors["kv_headroom"] = "must be in [0, 1)"
     return errors

@@ -73,6 +73,10 @@ class Policy(TimestampedModel):
     cooldown_s = _opt_int("Seconds a worker keeps a new role before it may change again")
     hysteresis = _opt_float("Predicted goodput gain needed before changing layout (0.1 = 10%)")
     max_changes_per_cycle = _opt_int("Most workers whose role may change in one cycle")
+    overload_change_share = _opt_float(
+        "When the current layout is overloaded (predicted and queueing) and the target is "
+        "not: share of the workers that may change in one cycle (0–1, 0 = off)"
+    )
     kv_headroom = _opt_float("Share of decode KV capacity kept free (0–1)")
 
     class Meta:

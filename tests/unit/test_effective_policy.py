@@ -51,3 +51,15 @@ def test_out_of_range_values(layer, field):
     with pytest.raises(PolicyError) as exc:
         merge_policy(layer)
     assert field in exc.value.errors
+
+
+@pytest.mark.parametrize("share", [-0.1, 1.5])
+def test_overload_change_share_is_a_share(share):
+    with pytest.raises(PolicyError) as exc:
+        merge_policy({"overload_change_share": share})
+    assert "overload_change_share" in exc.value.errors
+
+
+def test_overload_change_share_defaults_to_half():
+    policy, sources = merge_policy()
+    assert policy.overload_change_share == 0.5 and sources["overload_change_share"] == "default"

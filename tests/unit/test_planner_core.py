@@ -317,3 +317,108 @@ def test_a_transition_left_half_done_is_completed():
     assert {(c.from_role, c.to_role) for c in d.changes} == {("both", "decode")}
     assert len(d.changes) == 4
     assert "finish the" in d.explanation
+
+
+# --- Overload escalation: a larger step when the current layout is drowning ---------------
+
+
+def _rag_fleet(waiting: int, roles=None, changed_at=None):
+    workers, links = fleet(4, 8, group=4, roles=roles)
+    workers = tuple(
+        WorkerInput(w.id, w.name, w.node, w.nvlink_group, role=w.role, running=20,
+                    waiting=waiting, changed_at=changed_at)
+        for w in workers
+    )
+    return workers, links
+
+
+RAG_LOAD = LoadInput(45, 45, 4000, None, 300, 0.3, inflight=300, inflight_peak=300)
+
+
+def _heavy(d):
+    return [c for c in d.changes if "prefill" in (c.from_role, c.to_role)]
+
+
+def test_overloaded_and_queueing_takes_a_larger_step():
+    workers, links = _rag_fleet(waiting=5)
+    inp = model_input(workers, links, RAG_LOAD, ttft_p95_ms=2500, itl_p95_ms=50,
+                      max_changes_per_cycle=4)
+    d = plan_model(inp, 0)
+    assert d.action == "change" and d.target.n_prefill > 0
+    assert d.overload is not None
+    assert d.overload["limit"] == 16 and d.overload["normal_limit"] == 4  # half of 32
+    assert d.overload["waiting"] == 160 and d.overload["current_layout"] == "aggregated"
+    assert len(_heavy(d)) == 16
+    assert "Larger step" in d.explanation and "160 requests wait across 32 workers" in (
+        d.explanation
+    )
+    assert "up to 16 workers" in d.explanation and "instead of 4" in d.explanation
+    assert d.predictions_dict()["overload"]["limit"] == 16
+    json.dumps(d.predictions_dict(), allow_nan=False)
+
+
+def test_predicted_overload_without_a_measured_queue_keeps_the_normal_limit():
+    workers, links = _rag_fleet(waiting=0)
+    d = plan_model(model_input(workers, links, RAG_LOAD, ttft_p95_ms=2500, itl_p95_ms=50,
+                               max_changes_per_cycle=4), 0)
+    assert d.action == "change" and d.overload is None
+    assert len(_heavy(d)) == 4
+    assert "Larger step" not in d.explanation
+
+
+def test_a_queue_the_cost_model_does_not_blame_on_the_layout_keeps_the_normal_limit():
+    # Light load: aggregated meets the targets; a queue alone (e.g. a burst) is no reason.
+    workers, links = _rag_fleet(waiting=10)
+    load = LoadInput(5, 5, 4000, None, 300, 0.3, inflight=50, inflight_peak=50)
+    d = plan_model(model_input(workers, links, load, ttft_p95_ms=2500, itl_p95_ms=50,
+                               max_changes_per_cycle=4), 0)
+    assert d.overload is None
+    assert len(_heavy(d)) <= 4
+
+
+def test_overload_escalation_can_be_turned_off_and_scales_with_the_share():
+    workers, links = _rag_fleet(waiting=5)
+    off = plan_model(model_input(workers, links, RAG_LOAD, ttft_p95_ms=2500, itl_p95_ms=50,
+                                 max_changes_per_cycle=4, overload_change_share=0.0), 0)
+    assert off.overload is None and len(_heavy(off)) == 4
+    full = plan_model(model_input(workers, links, RAG_LOAD, ttft_p95_ms=2500, itl_p95_ms=50,
+                                  max_changes_per_cycle=4, overload_change_share=1.0), 0)
+    assert full.overload["limit"] == 32
+    assert len(_heavy(full)) == full.target.n_prefill  # the whole move in one cycle
+
+
+def test_overload_escalation_respects_cooldown():
+    workers, links = _rag_fleet(waiting=5, changed_at=-10.0)
+    d = plan_model(model_input(workers, links, RAG_LOAD, ttft_p95_ms=2500, itl_p95_ms=50,
+                               max_changes_per_cycle=4, cooldown_s=120), 0)
+    assert d.action == "hold" and d.reason == "workers-not-eligible" and not d.changes
+
+
+def test_overload_escalation_converges_without_oscillating():
+    """Drive the planner cycle by cycle at a steady overload, applying its changes at once,
+    with the queue never draining (the worst case for the measured half of the rule): each
+    worker changes at most once, the larger step happens only while the layout is still
+    the drowning one, and the planner then keeps."""
+    workers, links = _rag_fleet(waiting=5)
+    roles = {w.id: w.role for w in workers}
+    changed: dict[int, float] = {}
+    counts: dict[int, int] = {}
+    escalated = []
+    for cycle in range(12):
+        now = cycle * 15.0
+        ws = tuple(
+            WorkerInput(w.id, w.name, w.node, w.nvlink_group, role=roles[w.id], running=20,
+                        waiting=5, changed_at=changed.get(w.id))
+            for w in workers
+        )
+        d = plan_model(model_input(ws, links, RAG_LOAD, ttft_p95_ms=2500, itl_p95_ms=50,
+                                   max_changes_per_cycle=4, cooldown_s=120), now)
+        escalated.append(d.overload is not None)
+        for c in d.changes:
+            roles[c.worker_id] = c.to_role
+            changed[c.worker_id] = now
+            counts[c.worker_id] = counts.get(c.worker_id, 0) + 1
+    assert max(counts.values()) == 1  # nobody flips back
+    assert escalated[0] and not any(escalated[2:])
+    final = sum(1 for r in roles.values() if r == "prefill")
+    assert final == d.target.n_prefill and d.action == "keep"

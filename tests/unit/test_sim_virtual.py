@@ -215,3 +215,65 @@ def test_cluster_fleet_from_scenarios(shared_dir):
     assert link_model.between(engines[0], engines[4]).label == "100G TCP"
     with pytest.raises(ValueError):
         cluster_fleet(clusters["l40s-small"], MODEL, tp=3)
+
+
+# --- Deadline shedding (queue_deadline_s) --------------------------------------------------
+
+
+def _overload(num: int = 120, rate: float = 40.0):
+    # 4k prompts at 40 req/s on one H200: far beyond what it prefills, so a queue builds.
+    return chat(num=num, rate=rate, isl=4000, osl=20, fraction=0.0, seed=3)
+
+
+def test_shedding_is_off_by_default():
+    result = VirtualFleet(uniform_fleet(1, MODEL, "H200")).run(_overload())
+    assert all(r.error is None for r in result.results)
+    assert max(r.ttft for r in result.results) > 30.0  # the backlog is served, late
+
+
+def test_deadline_sheds_queued_requests_and_serves_the_rest_in_time():
+    fleet = VirtualFleet(uniform_fleet(1, MODEL, "H200"), queue_deadline_s=2.0)
+    result = fleet.run(_overload())
+    assert len(result.results) == 120
+    shed = [r for r in result.results if r.error is not None]
+    served = [r for r in result.results if r.error is None]
+    assert shed and served
+    assert fleet.num_shed == len(shed)
+    assert all(r.error.startswith("deadline exceeded") for r in shed)
+    assert all(r.first_token_time is None and r.output_tokens == 0 for r in shed)
+    # Only requests admitted before their deadline are served: the latest first token
+    # comes a few (chunk-shared) prefills after the deadline, not behind the whole backlog
+    # (~55 s without shedding).
+    assert max(r.ttft for r in served) < 6.0
+    assert all(r.output_tokens == 20 for r in served)
+    # Every block comes back: nothing leaks from aborted queue entries.
+    stats = result.engine_stats["e0"]
+    assert stats.kv_usage == 0.0
+    assert stats.num_running == 0 and stats.num_waiting == 0
+
+
+def test_deadline_sheds_in_pd_and_releases_held_prefill_blocks():
+    engines = uniform_fleet(2, MODEL, "H200", roles=["prefill", "decode"])
+    fleet = VirtualFleet(engines, queue_deadline_s=1.0)
+    result = fleet.run(_overload(num=80, rate=30.0))
+    shed = [r for r in result.results if r.error is not None]
+    assert shed and all(r.error.startswith("deadline exceeded") for r in shed)
+    assert len(result.results) == 80
+    for stats in result.engine_stats.values():
+        assert stats.num_running == 0 and stats.num_waiting == 0
+        assert stats.kv_usage == 0.0
+    for m in fleet.order:
+        assert m.inflight_prefill == 0 and m.inflight_decode == 0 and m.incoming_pd == 0
+
+
+def test_deadline_does_not_touch_a_fleet_that_keeps_up():
+    workload = chat(num=20, rate=1.0)
+    plain = VirtualFleet(uniform_fleet(2, MODEL, "H200")).run(workload)
+    shed = VirtualFleet(uniform_fleet(2, MODEL, "H200"), queue_deadline_s=2.0).run(workload)
+    assert [r.ttft for r in plain.results] == [r.ttft for r in shed.results]
+    assert all(r.error is None for r in shed.results)
+
+
+def test_deadline_must_be_positive():
+    with pytest.raises(ValueError):
+        VirtualFleet(uniform_fleet(1, MODEL, "H200"), queue_deadline_s=0)

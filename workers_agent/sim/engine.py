@@ -305,6 +305,12 @@ class SimEngine:
             return None
         return list(seq.blocks)
 
+    def is_queued(self, request_id: str) -> bool:
+        """True while the request waits in the queue: not yet admitted to a batch, or
+        preempted back to it (a P/D decode whose KV is in transfer is admitted)."""
+        seq = self._seqs.get(request_id)
+        return seq is not None and seq.status == WAITING
+
     def has_request(self, request_id: str) -> bool:
         return request_id in self._seqs
 

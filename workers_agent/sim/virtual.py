@@ -24,6 +24,13 @@ seconds of wall time.
 ``controller(now, snapshot)`` gets a :class:`FleetSnapshot` (per-engine stats, roles, states,
 in-flight work, and the requests finished since its previous call) and returns
 :class:`RoleChange` objects.
+
+``queue_deadline_s`` (off by default) models deadline shedding at the gateway: a request
+that, that long after its arrival, has no first token and still sits in an engine's queue
+(not yet admitted to a batch, or preempted back to the queue) is aborted with an error
+starting ``"deadline exceeded"`` instead of being served late. A request being computed at
+that moment (prefill chunks running, KV in transfer, decoding) is left to finish; the check
+happens once per request. Shed requests count as failed, like any other error.
 """
 
 from __future__ import annotations
@@ -370,7 +377,8 @@ class KVAwareRouter(Router):
         return best
 
 
-_ARRIVAL, _STEP_DONE, _CONTROL = 0, 1, 2
+_ARRIVAL, _STEP_DONE, _CONTROL, _DEADLINE = 0, 1, 2, 3
+DEADLINE_EXCEEDED = "deadline exceeded"
 
 
 class VirtualFleet:
@@ -384,7 +392,10 @@ class VirtualFleet:
         held_timeout_s: float = 480.0,
         decode_bursts: bool = True,
         nic_contention: bool = True,
+        queue_deadline_s: float | None = None,
     ) -> None:
+        if queue_deadline_s is not None and queue_deadline_s <= 0:
+            raise ValueError("queue_deadline_s must be positive (or None: no shedding)")
         self.members: dict[str, _Member] = {}
         for fleet_engine in engines:
             if fleet_engine.spec.record_kv_events:
@@ -413,6 +424,8 @@ class VirtualFleet:
         # PCIe transfers are not queued (per-GPU links).
         self.nic_contention = nic_contention
         self._nic_free: dict[str, float] = {}
+        self.queue_deadline_s = queue_deadline_s
+        self.num_shed = 0
         self._next_arrival = float("inf")
         self._next_control = float("inf")
         self._last_activity = 0.0
@@ -559,6 +572,8 @@ class VirtualFleet:
                     if outputs:
                         self._handle_outputs(member, outputs)
                 self._kick(member)
+            elif kind == _DEADLINE:
+                self._deadline(payload)
             elif kind == _ARRIVAL:
                 self._last_activity = when
                 nxt = next(self._pending_arrivals, None)
@@ -656,6 +671,8 @@ class VirtualFleet:
             return
         track = _Track(rreq, result, route)
         self._tracks[wreq.request_id] = track
+        if self.queue_deadline_s is not None:
+            self._push(self.now + self.queue_deadline_s, _DEADLINE, track)
         decode = self.members[route.decode]
         result.decode_engine = decode.engine_id
         decode.inflight_decode += 1
@@ -683,6 +700,25 @@ class VirtualFleet:
             self._fail(track, f"{member.engine_id}: {exc}")
             return
         self._kick(member)
+
+    def _deadline(self, track: _Track) -> None:
+        """Shed the request if it is still queued, without a first token, at its deadline."""
+        result = track.result
+        if self._tracks.get(result.request_id) is not track or result.first_token_time is not None:
+            return
+        if track.stage == "prefill":
+            where = self.members[result.prefill_engine]
+        else:
+            where = self.members[result.decode_engine]
+        if not where.engine.is_queued(result.request_id):
+            return
+        self.num_shed += 1
+        decode = self.members[result.decode_engine]
+        if track.stage == "decode":
+            decode.engine.abort(result.request_id)
+        self._fail(track, f"{DEADLINE_EXCEEDED}: still queued at {where.engine_id} "
+                          f"{self.queue_deadline_s:g} s after arrival")
+        self._kick(decode)
 
     def _fail(self, track: _Track, error: str) -> None:
         result = track.result
