@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import statistics
 import sys
 from pathlib import Path
 
@@ -152,18 +151,36 @@ class PlannerController:
         self.peak = 0.0
         self.isl = self.osl = 0.0
         self.hit = 0.0
+        # Per engine: prompt tokens, generated tokens, cache hits, cache queries so far.
+        self.counters: dict[str, tuple[int, int, int, int]] = {}
         self.decisions = 0
 
     def __call__(self, now: float, snap) -> list[RoleChange]:
         rate = snap.arrivals_since_last / max(snap.interval_s, 1e-9)
         self.peak = max(rate, self.peak * 0.9)
-        done = [r for r in snap.recent_results if r.error is None]
-        if done:
-            # Smooth the lengths over cycles: one window can be a handful of requests.
-            isl = statistics.fmean(r.prompt_tokens for r in done)
-            osl = statistics.fmean(max(r.output_tokens, 1) for r in done)
-            prompt = sum(r.prompt_tokens for r in done)
-            hit = sum(r.cached_tokens for r in done) / prompt if prompt else 0.0
+        # Lengths as controlplane.planner.inputs derives them from the agents' token rates:
+        # prompt tokens/s (non-decode workers: a decode worker's remote prompts would count
+        # twice) ÷ request rate, generated tokens/s ÷ request rate; prefix hits from the
+        # prefill-capable workers' cache counters. (Lengths of finished requests alone leave
+        # the first cycles blind when answers take longer than a cycle.)
+        delta = [0, 0, 0, 0]
+        for e in snap.engines:
+            now_counts = (e.stats.prompt_tokens, e.stats.generation_tokens,
+                          e.stats.prefix_cache_hits, e.stats.prefix_cache_queries)
+            before = self.counters.get(e.engine_id, (0, 0, 0, 0))
+            self.counters[e.engine_id] = now_counts
+            d = [a - b for a, b in zip(now_counts, before, strict=True)]
+            delta[1] += d[1]
+            if e.role != "decode" and (e.pending_role or e.role) != "decode":
+                delta[0] += d[0]
+                delta[2] += d[2]
+                delta[3] += d[3]
+        if rate > 0 and delta[0] > 0:
+            interval = max(snap.interval_s, 1e-9)
+            isl = delta[0] / interval / rate
+            osl = max(delta[1] / interval / rate, 1.0)
+            hit = delta[2] / delta[3] if delta[3] > 0 else 0.0
+            # Smooth over cycles: one window can be a handful of requests.
             a = 0.5 if self.isl else 1.0
             self.isl = (1 - a) * self.isl + a * isl
             self.osl = (1 - a) * self.osl + a * osl
