@@ -159,35 +159,66 @@ def scaled_workload(args):
 
 
 def run_quality(args, names: list[str], workdir: Path) -> dict:
+    """Every router, ``--repeat`` times, interleaved (round 1: every router, round 2: …) so
+    that a change in the box's load hits all of them alike."""
     workload = scaled_workload(args)
+    runs: dict[str, list[dict]] = {name: [] for name in names}
+    for round_no in range(1, args.repeat + 1):
+        for name in names:
+            runs[name].append(_quality_once(args, workload, name, workdir))
+            print(f"round {round_no} {name:15s} {json.dumps(runs[name][-1])}", flush=True)
     results = {}
-    for name in names:
-        config = parse_fleet_config(fleet_config(args.engines, args.time_scale,
-                                                 args.num_gpu_blocks))
-        fleet = FleetProcesses(config)
-        fleet.start(timeout=60)
-        router = None
-        try:
-            endpoints = fleet.endpoints
-            router = Router(name, endpoints, workdir)
-            metrics = [e["metrics_url"] for e in endpoints["engines"]]
-            report = asyncio.run(replay(workload, router.url, args.slo_ttft_ms, args.slo_itl_ms,
-                                        metrics_urls=metrics, model=MODEL,
-                                        num_gpus=args.engines))
-            s = report.summary
-            hit = (report.prefix_hits / report.prefix_queries) if report.prefix_queries else None
-            results[name] = {
-                "completed": s.completed, "failed": s.failed, "wall_s": report.wall_seconds,
-                "prefix_hit_rate": hit, "ttft_p50_ms": s.ttft_ms.get("p50"),
-                "ttft_p95_ms": s.ttft_ms.get("p95"), "ttft_p99_ms": s.ttft_ms.get("p99"),
-                "itl_p95_ms": s.itl_ms.get("p95"), "slo_attainment": s.slo_attainment,
-            }
-            print(f"{name:15s} {json.dumps(results[name])}", flush=True)
-        finally:
-            if router:
-                router.stop()
-            fleet.stop()
+    for name, rows in runs.items():
+        def col(key, rows=rows):
+            return [r[key] for r in rows if r[key] is not None]
+        hits = col("prefix_hit_rate")
+        results[name] = {
+            "runs": rows,
+            "prefix_hit_rate_mean": sum(hits) / len(hits) if hits else None,
+            "prefix_hit_rate_min": min(hits, default=None),
+            "prefix_hit_rate_max": max(hits, default=None),
+            "ttft_p50_ms_mean": _mean(col("ttft_p50_ms")),
+            "ttft_p95_ms_mean": _mean(col("ttft_p95_ms")),
+            "failed": sum(r["failed"] for r in rows),
+        }
+    print("| router | hit rate mean (min–max) | TTFT p50 mean | TTFT p95 mean | failed |")
+    print("|---|---|---|---|---|")
+    for name, r in results.items():
+        if r["prefix_hit_rate_mean"] is None:
+            continue
+        print(f"| {name} | {r['prefix_hit_rate_mean']:.2%} ({r['prefix_hit_rate_min']:.2%}–"
+              f"{r['prefix_hit_rate_max']:.2%}) | {r['ttft_p50_ms_mean']:.0f} ms | "
+              f"{r['ttft_p95_ms_mean']:.0f} ms | {r['failed']} |", flush=True)
     return results
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _quality_once(args, workload, name: str, workdir: Path) -> dict:
+    config = parse_fleet_config(fleet_config(args.engines, args.time_scale, args.num_gpu_blocks))
+    fleet = FleetProcesses(config)
+    fleet.start(timeout=60)
+    router = None
+    try:
+        endpoints = fleet.endpoints
+        router = Router(name, endpoints, workdir)
+        metrics = [e["metrics_url"] for e in endpoints["engines"]]
+        report = asyncio.run(replay(workload, router.url, args.slo_ttft_ms, args.slo_itl_ms,
+                                    metrics_urls=metrics, model=MODEL, num_gpus=args.engines))
+        s = report.summary
+        hit = (report.prefix_hits / report.prefix_queries) if report.prefix_queries else None
+        return {
+            "completed": s.completed, "failed": s.failed, "wall_s": report.wall_seconds,
+            "prefix_hit_rate": hit, "ttft_p50_ms": s.ttft_ms.get("p50"),
+            "ttft_p95_ms": s.ttft_ms.get("p95"), "ttft_p99_ms": s.ttft_ms.get("p99"),
+            "itl_p95_ms": s.itl_ms.get("p95"), "slo_attainment": s.slo_attainment,
+        }
+    finally:
+        if router:
+            router.stop()
+        fleet.stop()
 
 
 # --- added latency ----------------------------------------------------------------------
@@ -295,6 +326,8 @@ def main() -> int:
     p.add_argument("--slo-ttft-ms", type=float, default=2000)
     p.add_argument("--slo-itl-ms", type=float, default=100)
     p.add_argument("--latency-requests", type=int, default=1000)
+    p.add_argument("--repeat", type=int, default=1,
+                   help="routing-quality rounds (every router once per round)")
     p.add_argument("--skip-quality", action="store_true")
     p.add_argument("--skip-latency", action="store_true")
     p.add_argument("--no-capacity", action="store_true",

@@ -352,8 +352,10 @@ class Gateway:
         attempt = 0
         while True:
             try:
+                now = time.monotonic()
+                inflow = {w.id: self.approx.inflow(w.id, now) for w in model.workers}
                 plan = plan_request(model, prompt["tokens"], prompt["cached"], self.loads,
-                                    self.rng, exclude)
+                                    self.rng, exclude, inflow)
             except NoWorkerError as exc:
                 self.metrics.errors.labels(model.name, "no_worker").inc()
                 return self._reject(503, str(exc), model.name, endpoint,

@@ -126,6 +126,9 @@ class ApproxPrefixIndex:
         self._entries: OrderedDict[tuple[str, bytes], dict[str, float]] = OrderedDict()
         self._lru: dict[str, OrderedDict[tuple[str, bytes], None]] = {}
         self._capacity: dict[str, int] = {}
+        # Per worker: chunks sent to it that it did not hold yet (new KV it had to make room
+        # for), decayed with a half-life of ``ttl_s``, and when that was last brought up to date.
+        self._inflow: dict[str, tuple[float, float]] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -154,11 +157,20 @@ class ApproxPrefixIndex:
                 matched[w] = i + 1
         return matched
 
+    def inflow(self, worker_id: str, now: float) -> float:
+        """Recent new KV sent to the worker, in chunks (decayed, half-life ``ttl_s``). An
+        engine's LRU cache keeps as much history as it has room for: the worker that has
+        taken the least new KV lately is the one whose older prefixes survive longest."""
+        value, at = self._inflow.get(worker_id, (0.0, now))
+        return value * 0.5 ** (max(now - at, 0.0) / self.ttl_s)
+
     def record(self, model: str, hashes: Iterable[bytes], worker_id: str, now: float) -> None:
         expiry = now + self.ttl_s
         lru = self._lru.setdefault(worker_id, OrderedDict())
+        new = 0
         for h in hashes:
             key = (model, h)
+            new += key not in lru
             holders = self._entries.get(key)
             if holders is None:
                 holders = self._entries[key] = {}
@@ -167,6 +179,7 @@ class ApproxPrefixIndex:
             holders[worker_id] = expiry
             lru[key] = None
             lru.move_to_end(key)
+        self._inflow[worker_id] = (self.inflow(worker_id, now) + new, now)
         self._trim(worker_id)
         while len(self._entries) > self.max_entries:
             key, holders = self._entries.popitem(last=False)
@@ -187,6 +200,7 @@ class ApproxPrefixIndex:
                     del self._entries[key]
 
     def forget_worker(self, worker_id: str) -> None:
+        self._inflow.pop(worker_id, None)
         for key in self._lru.pop(worker_id, {}):
             holders = self._entries.get(key)
             if holders is not None:

@@ -25,6 +25,11 @@ prefill, which the cost above prices at most twice its blocks, while a few reque
 of in-flight KV difference between workers outweighs that and sends the prefix elsewhere,
 where it is computed again. Short or no matches, and imbalanced load, go by the cost.
 
+Among workers whose cost is within ``cache_balance_band`` (0.1 = 10 %) of the cheapest,
+the one that took the least new KV lately wins (vllm-router's "smallest tree" idea, within
+a load bound): engines evict least-recently-used blocks, so even inflow gives every cache
+the same length of history, and a prefix reused a while later is likelier to be found.
+
 P/D (modes ``conditional`` and ``disaggregated``), in the spirit of llm-d: pick the decode
 worker first; in ``conditional`` mode, if the prompt's part not cached on that worker is at
 most ``local_prefill_max_tokens``, it prefills locally. Otherwise pick a prefill worker by
@@ -113,8 +118,15 @@ def pick(
     temperature: float,
     rng: random.Random,
     loads: Mapping[str, WorkerLoad] | None = None,
+    inflow: Mapping[str, float] | None = None,
+    band: float = 0.0,
 ) -> Scored:
-    """Lowest cost (ties: fewer in flight, then random), or a softmax sample when T > 0."""
+    """Lowest cost (ties: fewer in flight, then random), or a softmax sample when T > 0.
+
+    With ``inflow`` and ``band`` > 0, every worker within ``band`` (a fraction) of the
+    lowest cost counts as tied, and the one that took the least new KV lately wins: the
+    load difference is small, and spreading new KV evenly keeps the same length of history
+    in every engine's LRU cache, so a prefix reused later is still there wherever it went."""
     if not scores:
         raise NoWorkerError("no candidate workers")
     if temperature > 0 and len(scores) > 1:
@@ -127,6 +139,10 @@ def pick(
         return rng.choices(list(scores), weights=weights, k=1)[0]
     best = min(s.cost for s in scores)
     tied = [s for s in scores if s.cost <= best + 1e-9]
+    if inflow is not None and band > 0 and len(scores) > 1:
+        near = [s for s in scores if s.cost <= best * (1.0 + band) + 1e-9]
+        least = min(inflow.get(s.worker_id, 0.0) for s in near)
+        tied = [s for s in near if inflow.get(s.worker_id, 0.0) <= least + 1e-9]
     if len(tied) > 1 and loads:
         fewest = min(loads.get(s.worker_id, WorkerLoad()).in_flight for s in tied)
         tied = [s for s in tied if loads.get(s.worker_id, WorkerLoad()).in_flight == fewest]
@@ -170,9 +186,11 @@ def plan_request(
     loads: Mapping[str, WorkerLoad],
     rng: random.Random,
     exclude: frozenset[str] | set[str] = frozenset(),
+    inflow: Mapping[str, float] | None = None,
 ) -> RoutePlan:
     """Decide where one request goes. ``cached_tokens`` maps worker id → tokens of this
-    prompt it is believed to hold; ``exclude`` lists workers that already failed it."""
+    prompt it is believed to hold; ``exclude`` lists workers that already failed it;
+    ``inflow`` the new KV each worker took lately (see :func:`pick`)."""
     active = [w for w in model.workers if w.active and w.id not in exclude]
     if not active:
         raise NoWorkerError(f"no active worker for model {model.name}")
@@ -192,7 +210,8 @@ def plan_request(
                                  imbalance_rel=model.imbalance_rel)
         if followed is not None:
             return followed, True
-        return pick(scores, model.temperature, rng, loads), False
+        return pick(scores, model.temperature, rng, loads, inflow,
+                    model.cache_balance_band), False
 
     def score(workers, use_cache=True) -> list[Scored]:
         return [

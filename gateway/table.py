@@ -68,7 +68,8 @@ class WorkerEntry:
 
 
 # Routing fields a table may carry (else ModelRoute's defaults apply).
-OPTIONAL_ROUTING = ("prefix_min_match", "imbalance_abs", "imbalance_rel")
+OPTIONAL_ROUTING = ("prefix_min_match", "imbalance_abs", "imbalance_rel",
+                    "cache_balance_band")
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,9 @@ class ModelRoute:
     prefix_min_match: float = 0.3
     imbalance_abs: float = 64.0
     imbalance_rel: float = 1.5
+    # Workers within this fraction of the lowest cost count as tied; the one that took the
+    # least new KV lately wins (keeps every engine's cache history equally long). 0: off.
+    cache_balance_band: float = 0.1
 
     def worker(self, worker_id: str) -> WorkerEntry | None:
         for w in self.workers:

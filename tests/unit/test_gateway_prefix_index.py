@@ -172,3 +172,16 @@ def test_approx_index_forgets_least_recently_used_beyond_worker_capacity():
     index.set_capacity("w1", None)
     index.record("m", old, "w1", now=3)
     assert index.match("m", old, now=4) == {"w1": 3, "w2": 3}
+
+
+def test_inflow_counts_new_chunks_per_worker_and_decays():
+    index = ApproxPrefixIndex(ttl_s=10)
+    first = text_chunk_hashes("a" * 128, 32)
+    index.record("m", first, "w1", now=0)
+    assert index.inflow("w1", now=0) == 4 and index.inflow("w2", now=0) == 0
+    # Chunks the worker already holds are not new KV; the fifth one is.
+    index.record("m", text_chunk_hashes("a" * 160, 32), "w1", now=0)
+    assert index.inflow("w1", now=0) == 5
+    assert index.inflow("w1", now=10) == pytest.approx(2.5)  # one half-life (ttl_s) later
+    index.forget_worker("w1")  # e.g. the engine cleared its cache
+    assert index.inflow("w1", now=10) == 0

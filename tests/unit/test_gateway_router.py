@@ -240,3 +240,28 @@ def test_optional_routing_fields_are_validated():
     table = static_table("m", [w("A")], block_size=BS, routing={"prefix_min_match": -1})
     with pytest.raises(TableError, match="prefix_min_match"):
         parse(table)
+
+
+def test_near_ties_go_to_the_worker_that_took_the_least_new_kv():
+    # A is cheapest by 5 %, B took far less new KV lately: within the 10 % band B wins.
+    loads = {"A": WorkerLoad(0, 100, 2), "B": WorkerLoad(0, 105, 2), "C": WorkerLoad(0, 300, 5)}
+    inflow = {"A": 900.0, "B": 100.0, "C": 0.0}
+    model = model_of([w("A"), w("B"), w("C")])
+    plan = plan_request(model, 10 * BS, {}, loads, random.Random(0), inflow=inflow)
+    assert plan.decode == "B" and plan.reason == "kv_aware"
+    # C took nothing but costs far more than the band allows; without inflow: A.
+    assert plan_request(model, 10 * BS, {}, loads, random.Random(0)).decode == "A"
+    # The band comes from the table; 0 switches the rule off.
+    off = model_of([w("A"), w("B"), w("C")], cache_balance_band=0)
+    assert plan_request(off, 10 * BS, {}, loads, random.Random(0), inflow=inflow).decode == "A"
+    # A followed prefix is not second-guessed by the inflow.
+    plan = plan_request(model, 10 * BS, {"A": 9 * BS}, loads, random.Random(0), inflow=inflow)
+    assert plan.decode == "A" and plan.reason == "kv_prefix"
+
+
+def test_cache_balance_band_is_validated():
+    from gateway.table import TableError
+
+    table = static_table("m", [w("A")], block_size=BS, routing={"cache_balance_band": -0.1})
+    with pytest.raises(TableError, match="cache_balance_band"):
+        parse(table)
