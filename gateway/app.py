@@ -453,26 +453,29 @@ class Gateway:
         # arrive while this one is still prefilling should follow it (as SGLang's tree does).
         self._remember_prefix(model, plan, prompt)
         try:
-            data = raw
-            if plan.prefill:
-                early = await self._prefill(model, plan, body, endpoint, chat, headers, prompt)
-                if isinstance(early, web.Response):
-                    return early
-                reservation.prefill_done()
-                data = orjson.dumps(decode_body(body, early))
-            worker = model.worker(plan.decode)
-            self.metrics.worker_requests.labels(worker.id, "decode" if plan.prefill else
-                                                "full").inc()
-            upstream = await open_upstream(
-                self.session, worker.id, f"{worker.url}/v1/{endpoint}", data, headers,
-                timeout=self.upstream_timeout,
+            until_first_token = self._until_first_token(
+                model, plan, body, raw, endpoint, chat, headers, prompt, stream, reservation
             )
+            # Streaming only: a non-streaming answer's first byte is its last.
+            deadline_s = model.first_token_deadline_ms / 1000.0 if stream else 0.0
+            if deadline_s > 0:
+                remaining = deadline_s - (time.perf_counter() - started)
+                try:
+                    upstream = await asyncio.wait_for(until_first_token, max(remaining, 0.0))
+                except TimeoutError:
+                    # Shed: the TTFT target is lost already; cancelling the upstream request
+                    # (the connection closes, the engine aborts it) frees the engine for
+                    # the requests queued behind it. No retry: the fleet is overloaded.
+                    self.metrics.errors.labels(model.name, "first_token_deadline").inc()
+                    return self._reject(
+                        503, f"no first token within {model.first_token_deadline_ms:.0f} ms "
+                        "(the gateway sheds requests that have missed their latency target)",
+                        model.name, endpoint, kind="service_unavailable")
+            else:
+                upstream = await until_first_token
+            if isinstance(upstream, web.Response):
+                return upstream
             try:
-                if stream and upstream.status == 200 and not _has_token(upstream.first_chunk):
-                    # Hold chat's opening role chunk back until a token comes, so a worker
-                    # that dies in between can still be replaced.
-                    more = await self._read_more(upstream)
-                    upstream.first_chunk += more
                 reservation.prefill_done()
                 response_headers = {
                     **upstream.client_headers(),
@@ -494,6 +497,34 @@ class Gateway:
                 upstream.close()
         finally:
             reservation.release()
+
+    async def _until_first_token(self, model, plan, body, raw, endpoint, chat, headers, prompt,
+                                 stream, reservation):
+        """Remote prefill (P/D), then the answering worker's response up to its first token:
+        the open upstream, or a Response to pass on (the prefill worker refused the request)."""
+        data = raw
+        if plan.prefill:
+            early = await self._prefill(model, plan, body, endpoint, chat, headers, prompt)
+            if isinstance(early, web.Response):
+                return early
+            reservation.prefill_done()
+            data = orjson.dumps(decode_body(body, early))
+        worker = model.worker(plan.decode)
+        self.metrics.worker_requests.labels(worker.id, "decode" if plan.prefill else
+                                            "full").inc()
+        upstream = await open_upstream(
+            self.session, worker.id, f"{worker.url}/v1/{endpoint}", data, headers,
+            timeout=self.upstream_timeout,
+        )
+        try:
+            if stream and upstream.status == 200 and not _has_token(upstream.first_chunk):
+                # Hold chat's opening role chunk back until a token comes, so a worker
+                # that dies in between can still be replaced.
+                upstream.first_chunk += await self._read_more(upstream)
+        except BaseException:  # incl. cancellation by the first-token deadline
+            upstream.close()
+            raise
+        return upstream
 
     async def _prefill(self, model, plan, body, endpoint, chat, headers, prompt):
         worker = model.worker(plan.prefill)

@@ -69,7 +69,7 @@ class WorkerEntry:
 
 # Routing fields a table may carry (else ModelRoute's defaults apply).
 OPTIONAL_ROUTING = ("prefix_min_match", "imbalance_abs", "imbalance_rel",
-                    "cache_balance_band")
+                    "cache_balance_band", "first_token_deadline_ms")
 
 
 @dataclass(frozen=True)
@@ -93,6 +93,10 @@ class ModelRoute:
     # Workers within this fraction of the lowest cost count as tied; the one that took the
     # least new KV lately wins (keeps every engine's cache history equally long). 0: off.
     cache_balance_band: float = 0.1
+    # Streaming requests with no first token this long after they reached the gateway are
+    # cancelled upstream and answered 503 (load shedding; policy shed_after_ttft_factor ×
+    # the TTFT target). 0: never.
+    first_token_deadline_ms: float = 0.0
 
     def worker(self, worker_id: str) -> WorkerEntry | None:
         for w in self.workers:

@@ -23,6 +23,10 @@ class EffectivePolicy:
     load_weight: float = 1.0
     routing_temperature: float = 0.0
     routing_block_size: int = 0  # 0: use the served model's KV block size
+    # Load shedding at the gateway: a request with no first token after this many times the
+    # TTFT target is cancelled (it has missed the target; serving it late only delays the
+    # requests behind it). 0: off.
+    shed_after_ttft_factor: float = 0.0
     # Disaggregation
     disaggregation_mode: str = "auto"  # auto | aggregated | disaggregated
     min_prefill_workers: int = 0
@@ -68,6 +72,8 @@ def validate_policy(p: EffectivePolicy) -> dict[str, str]:
         errors["attainment"] = "must be in (0, 1]"
     if p.kv_overlap_weight < 0 or p.load_weight < 0:
         errors["kv_overlap_weight"] = "routing weights must not be negative"
+    if p.shed_after_ttft_factor != 0 and p.shed_after_ttft_factor < 1:
+        errors["shed_after_ttft_factor"] = "must be 0 (off) or at least 1"
     if p.routing_temperature < 0:
         errors["routing_temperature"] = "must not be negative"
     if p.disaggregation_mode not in {"auto", "aggregated", "disaggregated"}:

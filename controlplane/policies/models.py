@@ -53,6 +53,10 @@ class Policy(TimestampedModel):
     load_weight = _opt_float("Weight of the worker's prefill load in the routing cost")
     routing_temperature = _opt_float("0 = always the cheapest worker; > 0 samples a softmax")
     routing_block_size = _opt_int("Tokens per block for prefix matching (0 = model's)")
+    shed_after_ttft_factor = _opt_float(
+        "Gateway cancels a request with no first token after this many times the TTFT "
+        "target (0 = never)"
+    )
     # Disaggregation
     disaggregation_mode = models.CharField(
         max_length=16, choices=DisaggregationMode.choices, blank=True, default=""

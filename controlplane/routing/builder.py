@@ -102,12 +102,22 @@ def _build_model(model, nodes, fabrics) -> dict[str, Any]:
             "kv_overlap_weight": float(policy.get("kv_overlap_weight", 1.0)),
             "load_weight": float(policy.get("load_weight", 1.0)),
             "temperature": float(policy.get("routing_temperature", 0.0)),
+            **_deadline(policy),
         },
         "disaggregation": {
             "local_prefill_max_tokens": int(policy.get("local_prefill_max_tokens", 512)),
         },
         "workers": entries,
     }
+
+
+def _deadline(policy: dict) -> dict:
+    """The gateway's first-token deadline, when the policy sheds late requests."""
+    factor = float(policy.get("shed_after_ttft_factor", 0.0) or 0.0)
+    ttft = float(policy.get("ttft_p95_ms", 0.0) or 0.0)
+    if factor <= 0 or ttft <= 0:
+        return {}
+    return {"first_token_deadline_ms": round(factor * ttft, 3)}
 
 
 def _mode(requested: str, workers) -> tuple[str, str]:

@@ -63,3 +63,12 @@ def test_overload_change_share_is_a_share(share):
 def test_overload_change_share_defaults_to_half():
     policy, sources = merge_policy()
     assert policy.overload_change_share == 0.5 and sources["overload_change_share"] == "default"
+
+
+@pytest.mark.parametrize("factor", [-1.0, 0.5])
+def test_shedding_factor_is_off_or_at_least_one(factor):
+    with pytest.raises(PolicyError) as exc:
+        merge_policy({"shed_after_ttft_factor": factor})
+    assert "shed_after_ttft_factor" in exc.value.errors
+    policy, _ = merge_policy({"shed_after_ttft_factor": 2})
+    assert policy.shed_after_ttft_factor == 2

@@ -159,3 +159,12 @@ def test_diff_names_the_changes():
     assert diff_tables(old, old) == []
     assert summarize([]) == "no changes"
     assert [c["kind"] for c in diff_tables(None, old)] == ["model_added"]
+
+
+def test_first_token_deadline_follows_the_shedding_policy():
+    snap = snapshot([worker("a", "h1")])
+    assert "first_token_deadline_ms" not in build_table(snap)["models"][0]["routing"]
+    snap["models"][0]["policy"].update(shed_after_ttft_factor=2.0, ttft_p95_ms=1500.0)
+    table = build_table(snap)
+    assert table["models"][0]["routing"]["first_token_deadline_ms"] == 3000.0
+    assert validate_table(table) == []

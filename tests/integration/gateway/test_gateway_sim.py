@@ -179,3 +179,36 @@ def test_client_disconnect_cancels_the_upstream_request(sim_fleet, gateway_proce
         time.sleep(0.1)
     assert aborted > aborted_before
     assert fleet.metric("a", "vllm:num_requests_running") == 0
+
+
+def test_first_token_deadline_sheds_late_streams_and_cancels_them(
+    sim_fleet, gateway_process, tmp_path
+):
+    fleet = sim_fleet([("a", "both")], time_scale=1.0)
+    table = table_from_sim_endpoints(fleet.endpoints,
+                                     routing={"first_token_deadline_ms": 400})
+    gw = gateway_process("--table", write_json(tmp_path / "t.json", table))
+    aborted_before = fleet.metric("a", "vllm:request_success_total", finished_reason="abort")
+    # A short prompt streams its first token well within 400 ms.
+    status, _, raw = completion(gw, prompt(20), stream=True, max_tokens=3)
+    assert status == 200 and sse_events(raw)[-1] == "[DONE]"
+    # A 5,000-token prefill of the 70B model takes longer than that: shed with a 503 and
+    # an OpenAI-style error, and the engine sees the request aborted.
+    started = time.monotonic()
+    status, _, raw = completion(gw, prompt(5000), stream=True, max_tokens=3)
+    import json
+
+    assert status == 503, raw[:300]
+    assert "no first token within 400 ms" in json.loads(raw)["error"]["message"]
+    assert time.monotonic() - started < 2.0
+    deadline = time.monotonic() + 15
+    aborted = aborted_before
+    while time.monotonic() < deadline and aborted <= aborted_before:
+        time.sleep(0.1)
+        aborted = fleet.metric("a", "vllm:request_success_total", finished_reason="abort")
+    assert aborted > aborted_before
+    # Non-streaming answers are never cut (their first byte is their last).
+    status, _, _ = completion(gw, prompt(5000), max_tokens=2)
+    assert status == 200
+    metrics = __import__("urllib.request").request.urlopen(gw.url + "/metrics").read().decode()
+    assert 'kind="first_token_deadline"' in metrics
