@@ -58,7 +58,7 @@ from controlplane.planner.planner import (  # noqa: E402
 )
 from controlplane.policies.effective import EffectivePolicy  # noqa: E402
 from workers_agent.sim import links as simlinks  # noqa: E402
-from workers_agent.sim.report import summarize  # noqa: E402
+from workers_agent.sim.report import percentile, summarize  # noqa: E402
 from workers_agent.sim.virtual import (  # noqa: E402
     LinkModel,
     RoleChange,
@@ -154,6 +154,33 @@ class PlannerController:
         # Per engine: prompt tokens, generated tokens, cache hits, cache queries so far.
         self.counters: dict[str, tuple[int, int, int, int]] = {}
         self.decisions = 0
+        self.itl_seen: dict[str, int] = {}  # in-flight request → ITL samples counted
+        self.trace: list[tuple] = []  # per cycle: (now, measured TTFT/ITL p95 ms, overload)
+
+    def measured(self, snap) -> tuple[float | None, float | None]:
+        """p95 TTFT and ITL (ms) of what was observed since the previous cycle, as the
+        engines' latency histograms (Prometheus, the agents' windows) report them: a TTFT
+        when the first token comes, an ITL sample per token gap as it happens — in-flight
+        requests included (an ITL-bound layout finishes few requests within a cycle).
+        None when nothing was observed."""
+        ttfts, itls = [], []
+        seen = {}
+        for r in [*snap.recent_results, *snap.inflight_results]:
+            if r.error is not None or r.ttft is None:
+                continue
+            before = self.itl_seen.get(r.request_id)
+            if before is None:
+                ttfts.append(r.ttft)
+                before = 0
+            itls.extend(r.itls[before:])
+            if r.finish_time is None:
+                seen[r.request_id] = len(r.itls)
+        self.itl_seen = seen
+
+        def p95(xs):
+            return percentile(xs, 95) * 1000 if xs else None
+
+        return p95(ttfts), p95(itls)
 
     def __call__(self, now: float, snap) -> list[RoleChange]:
         rate = snap.arrivals_since_last / max(snap.interval_s, 1e-9)
@@ -202,11 +229,16 @@ class PlannerController:
                 changed_at=self.changed_at.get(e.engine_id), running=running,
                 waiting=e.stats.num_waiting, kv_usage=e.stats.kv_usage,
             ))
-        load = LoadInput(rate, self.peak, self.isl, None, self.osl, self.hit, inflight, inflight)
+        ttft_p95, itl_p95 = self.measured(snap)
+        load = LoadInput(
+            rate, self.peak, self.isl, None, self.osl, self.hit, inflight, inflight,
+            measured_ttft_p95_ms=ttft_p95, measured_itl_p95_ms=itl_p95,
+        )
         inp = ModelInput(1, MODEL, shape(self.cluster), tuple(workers), load, self.policy,
                          self.links)
         d = plan_model(inp, now)
         self.decisions += 1
+        self.trace.append((now, ttft_p95, itl_p95, d.overload is not None, len(d.changes)))
         out = []
         for c in d.changes:
             self.changed_at[c.worker] = now

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from django.conf import settings
 
@@ -169,6 +169,12 @@ def gather_cluster(cluster: Cluster) -> ClusterInputs:
         load = _load(sm, state, wstates, {w.pk: w.desired_role for w in workers})
         ttft, itl, source = measured_latency(sm, wstates)
         measured[sm.pk] = (ttft, itl, source)
+        # The overload rule reads the measured p95s too (ms; None = unknown).
+        load = replace(
+            load,
+            measured_ttft_p95_ms=ttft * 1000.0 if ttft is not None else None,
+            measured_itl_p95_ms=itl * 1000.0 if itl is not None else None,
+        )
         cal = Calibration(state.ttft_factor, state.itl_factor, state.calibration_samples)
         models.append(ModelInput(
             served_model_id=sm.pk, model=model_spec(sm), shape=WorkerShape(gpu, tp),

@@ -10,7 +10,8 @@ with the highest predicted goodput, then decide whether to move: only when the g
 the hysteresis margin, the decode pool still holds the sequences in flight, min/max per role
 hold, the workers are past their cooldown, and at most ``max_changes_per_cycle`` change now
 (more, up to ``overload_change_share`` of the workers, when the current layout is predicted
-overloaded, the target is not, and requests are queueing on the workers).
+overloaded, the target is not, and requests are queueing on the workers or the measured
+p95 latency is far over its target).
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ class LoadInput:
     prefix_hit: float = 0.0
     inflight: int = 0  # sequences running now, all workers
     inflight_peak: int = 0
+    # Measured p95 latencies now (Prometheus or the agents' windows), ms; None = unknown.
+    measured_ttft_p95_ms: float | None = None
+    measured_itl_p95_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,10 @@ class PlannerSettings:
     growth_margin: float = 0.2  # plan for the recent peak × (1 + margin)
     stale_share_limit: float = 0.5  # fail-static when at least this share of nodes is stale
     exhaustive_limit: int = 48  # above this many workers, search P:D coarse-to-fine
+    # Overload's measured half also holds when a measured p95 (TTFT or ITL) is at least
+    # this many times its target: far past what windowed-p95 noise or a calibration error
+    # explains (see docs/planner.md, step 7).
+    overload_latency_factor: float = 1.5
 
 
 DEFAULT_SETTINGS = PlannerSettings()
@@ -228,14 +236,23 @@ def _search(
 
 
 def _overload(
-    inp: ModelInput, current_now: Prediction, best_now: Prediction, n_workers: int
+    inp: ModelInput,
+    current_now: Prediction,
+    best_now: Prediction,
+    n_workers: int,
+    latency_factor: float = DEFAULT_SETTINGS.overload_latency_factor,
 ) -> dict | None:
-    """The facts behind a larger step, or None. Two conditions, both needed:
+    """The facts behind a larger step, or None. The target must be predicted to keep up
+    (not overloaded), and the current layout must be failing badly, by either evidence:
 
-    * predicted: at the load now the current layout is overloaded (its queues grow without
-      bound) or keeps less than half the goodput the target would, and the target itself
-      is not overloaded;
-    * measured: requests are queueing, at least one waiting per worker on average.
+    * the model and the queues agree: at the load now the current layout is predicted
+      overloaded (its queues grow without bound) or to keep less than half the goodput the
+      target would, and requests are queueing, at least one waiting per worker on average;
+    * or the measurement alone: the measured p95 TTFT or ITL is at least ``latency_factor``
+      times its target. An aggregated engine admits every request into its batch, so a
+      layout that misses ITL shows no queue, only slow tokens, and the model can be
+      optimistic about it (prefill interference); a p95 that far over target is not noise.
+      Unknown latencies count as not over.
 
     Waiting then costs twice: every cycle spent in the old layout adds to a backlog that
     the new one must work off before anyone behind it meets the TTFT target."""
@@ -243,10 +260,23 @@ def _overload(
     rate = inp.load.rate_rps
     if share <= 0 or rate <= 0 or best_now.overloaded or best_now.goodput_rps <= 0:
         return None
-    if not (current_now.overloaded or current_now.goodput_rps < 0.5 * best_now.goodput_rps):
+    if current_now.goodput_rps >= best_now.goodput_rps:
         return None
+    far_behind = current_now.overloaded or (
+        current_now.goodput_rps < 0.5 * best_now.goodput_rps
+    )
     waiting = sum(x.waiting for x in inp.workers)
-    if waiting < n_workers:
+    queueing = waiting >= n_workers
+    over = []  # (metric, measured ms, target ms), the ones far over target
+    if latency_factor > 0:
+        for metric, measured, target in (
+            ("TTFT", inp.load.measured_ttft_p95_ms, inp.policy.ttft_p95_ms),
+            ("ITL", inp.load.measured_itl_p95_ms, inp.policy.itl_p95_ms),
+        ):
+            if (measured is not None and math.isfinite(measured) and target
+                    and target > 0 and measured >= latency_factor * target):
+                over.append((metric, measured, target))
+    if not ((far_behind and queueing) or over):
         return None
 
     def cap(p: Prediction) -> float | None:
@@ -266,6 +296,12 @@ def _overload(
         "target_capacity_rps": cap(best_now),
         "waiting": waiting,
         "workers": n_workers,
+        "queueing": queueing,
+        "far_behind": far_behind,
+        "latency_factor": latency_factor,
+        "latency_over": [
+            {"metric": m, "p95_ms": round(v, 3), "target_ms": round(t, 3)} for m, v, t in over
+        ],
     }
 
 
@@ -484,7 +520,8 @@ def plan_model(
             "waiting: " + ", ".join(f"{n} worker(s) {why}" for why, n in sorted(blocked.items()))
         )
     limit = pol.max_changes_per_cycle
-    overload = _overload(inp, current_now, best_now, n_workers)
+    overload = _overload(inp, current_now, best_now, n_workers,
+                         settings.overload_latency_factor)
     if overload is not None and overload["limit"] > limit and len(heavy) > limit:
         take = take_up_to(overload["limit"])
         step, why = step_of(take)

@@ -22,7 +22,13 @@ from controlplane.planner.costmodel import (
     transfer_time_s,
 )
 from controlplane.planner.placement import NicInput, NodeLinks, WorkerInput, place
-from controlplane.planner.planner import LoadInput, ModelInput, plan_cluster, plan_model
+from controlplane.planner.planner import (
+    LoadInput,
+    ModelInput,
+    PlannerSettings,
+    plan_cluster,
+    plan_model,
+)
 from controlplane.planner.whatif import WhatIfError, WhatIfQuery, whatif
 from controlplane.policies.effective import EffectivePolicy
 
@@ -364,6 +370,74 @@ def test_predicted_overload_without_a_measured_queue_keeps_the_normal_limit():
     assert d.action == "change" and d.overload is None
     assert len(_heavy(d)) == 4
     assert "Larger step" not in d.explanation
+
+
+def _rag_load(ttft_ms=None, itl_ms=None, rate=45):
+    return LoadInput(rate, rate, 4000, None, 300, 0.3, inflight=300, inflight_peak=300,
+                     measured_ttft_p95_ms=ttft_ms, measured_itl_p95_ms=itl_ms)
+
+
+def test_measured_itl_far_over_target_takes_a_larger_step_without_a_queue():
+    # Aggregated engines admit everything into the batch: no queue, only slow tokens.
+    workers, links = _rag_fleet(waiting=0)
+    d = plan_model(model_input(workers, links, _rag_load(itl_ms=120.0), ttft_p95_ms=2500,
+                               itl_p95_ms=50, max_changes_per_cycle=4), 0)
+    assert d.action == "change" and d.overload is not None
+    assert d.overload["limit"] == 16 and len(_heavy(d)) == 16
+    assert d.overload["queueing"] is False and d.overload["latency_factor"] == 1.5
+    assert d.overload["latency_over"] == [{"metric": "ITL", "p95_ms": 120.0, "target_ms": 50}]
+    assert "measured ITL p95 is 120 ms, 2.4× its 50 ms target" in d.explanation
+    assert "requests wait across" not in d.explanation
+    json.dumps(d.predictions_dict(), allow_nan=False)
+
+
+def test_measured_ttft_far_over_target_takes_a_larger_step():
+    workers, links = _rag_fleet(waiting=0)
+    d = plan_model(model_input(workers, links, _rag_load(ttft_ms=3750.0, itl_ms=40.0),
+                               ttft_p95_ms=2500, itl_p95_ms=50, max_changes_per_cycle=4), 0)
+    assert d.overload is not None and len(_heavy(d)) == 16
+    assert [x["metric"] for x in d.overload["latency_over"]] == ["TTFT"]  # exactly 1.5×
+    assert "measured TTFT p95 is 3,750 ms, 1.5× its 2,500 ms target" in d.explanation
+
+
+def test_queue_and_latency_both_named_when_both_hold():
+    workers, links = _rag_fleet(waiting=5)
+    d = plan_model(model_input(workers, links, _rag_load(itl_ms=100.0), ttft_p95_ms=2500,
+                               itl_p95_ms=50, max_changes_per_cycle=4), 0)
+    assert d.overload["queueing"] is True
+    assert "160 requests wait across 32 workers and measured ITL p95" in d.explanation
+
+
+@pytest.mark.parametrize("ttft_ms,itl_ms", [
+    (None, None),  # unknown: not a trigger
+    (3700.0, 74.0),  # over target, but under 1.5×
+    (float("nan"), float("inf")),  # garbage
+])
+def test_unknown_or_moderately_late_latency_keeps_the_normal_limit(ttft_ms, itl_ms):
+    workers, links = _rag_fleet(waiting=0)
+    d = plan_model(model_input(workers, links, _rag_load(ttft_ms, itl_ms), ttft_p95_ms=2500,
+                               itl_p95_ms=50, max_changes_per_cycle=4), 0)
+    assert d.action == "change" and d.overload is None
+    assert len(_heavy(d)) == 4
+    assert "Larger step" not in d.explanation
+
+
+def test_late_latency_the_cost_model_does_not_blame_on_the_layout_keeps_the_normal_limit():
+    # Light load: aggregated meets the targets by the model, so no layout is predicted
+    # better; slow measurements alone (e.g. a slow engine) move nothing, let alone more.
+    workers, links = _rag_fleet(waiting=0)
+    d = plan_model(model_input(workers, links, _rag_load(9000.0, 500.0, rate=5),
+                               ttft_p95_ms=2500, itl_p95_ms=50, max_changes_per_cycle=4), 0)
+    assert d.overload is None
+    assert len(_heavy(d)) <= 4
+
+
+def test_latency_trigger_can_be_turned_off_in_the_settings():
+    workers, links = _rag_fleet(waiting=0)
+    inp = model_input(workers, links, _rag_load(itl_ms=500.0), ttft_p95_ms=2500,
+                      itl_p95_ms=50, max_changes_per_cycle=4)
+    d = plan_model(inp, 0, PlannerSettings(overload_latency_factor=0.0))
+    assert d.overload is None and len(_heavy(d)) == 4
 
 
 def test_a_queue_the_cost_model_does_not_blame_on_the_layout_keeps_the_normal_limit():

@@ -146,6 +146,9 @@ class FleetSnapshot:
     interval_s: float
     num_arrived: int
     num_finished: int
+    # Requests still in flight (their first token and ITL gaps so far): what an engine's
+    # latency histograms have already observed of them.
+    inflight_results: list[RequestResult] = field(default_factory=list)
 
 
 @dataclass
@@ -479,6 +482,7 @@ class VirtualFleet:
             interval_s=self.control_interval_s,
             num_arrived=self._num_arrived,
             num_finished=len(self._results),
+            inflight_results=[t.result for t in self._tracks.values()],
         )
 
     def apply_role_change(self, change: RoleChange) -> None:
