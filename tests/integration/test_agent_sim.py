@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -28,7 +27,7 @@ from controlplane.telemetry import hotstate
 from controlplane.telemetry.commands import command_status, send_command
 from controlplane.telemetry.tokens import issue_token
 from controlplane.topology.models import GPU, Cluster, Node, ServedModel, Worker
-from tests.conftest import ROOT, free_port, python_env, wait_for_port
+from tests.conftest import ROOT, free_port, python_env, stop_process, wait_for_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True),
               pytest.mark.timeout(240)]
@@ -46,17 +45,6 @@ def wait_until(predicate, timeout=30.0, interval=0.2, what="condition"):
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out waiting for {what}; last value {last!r}")
-
-
-def stop(proc: subprocess.Popen | None) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
 
 
 def http_json(url, body=None):
@@ -139,7 +127,7 @@ def sim_fleet(workdir):
         wait_until(endpoints.exists, 60, what="sim endpoints")
         yield json.loads(endpoints.read_text())
     finally:
-        stop(proc)
+        stop_process(proc)
 
 
 class Server:
@@ -155,7 +143,7 @@ class Server:
         wait_for_port(self.port, 30)
 
     def stop(self):
-        stop(self.proc)
+        stop_process(self.proc)
 
 
 def test_agent_against_simulated_node(workdir, sim_fleet, settings):
@@ -254,7 +242,7 @@ def test_agent_against_simulated_node(workdir, sim_fleet, settings):
         assert state["agent"]["reconnects"] >= 1
         assert hotstate.worker_state(workers["e0"].pk)["role"] == "prefill"
     finally:
-        stop(agent)
+        stop_process(agent)
         server.stop()
         for name in ("agent.log", "server.log", "sim.log"):
             path = workdir / name

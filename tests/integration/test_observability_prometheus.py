@@ -34,8 +34,8 @@ from controlplane.planner import inputs as planner_inputs
 from controlplane.telemetry import hotstate
 from controlplane.telemetry.tokens import issue_token
 from controlplane.topology.models import Cluster, Node, ServedModel, Worker
-from tests.conftest import ROOT, free_port, python_env, wait_for_port
-from tests.integration.test_agent_sim import database_url, stop, wait_until
+from tests.conftest import ROOT, free_port, python_env, stop_process, wait_for_port
+from tests.integration.test_agent_sim import database_url, wait_until
 
 pytestmark = [
     pytest.mark.integration,
@@ -192,7 +192,7 @@ class Prometheus:
         return body["data"]["result"]
 
     def stop(self):
-        stop(self.proc)
+        stop_process(self.proc)
         if self.proc is not None:
             self.log.close()
 
@@ -385,7 +385,7 @@ def test_prometheus_reads_match_engine_histograms_and_fall_back(tmp_path, settin
         if prom is not None:
             prom.stop()
         for proc in reversed(procs):
-            stop(proc)
+            stop_process(proc)
         for log in logs:
             log.close()
         planner_inputs._reader = None

@@ -29,9 +29,9 @@ from controlplane.routing.service import latest_table
 from controlplane.telemetry import hotstate
 from controlplane.telemetry.tokens import issue_token
 from controlplane.topology.models import Cluster, Gateway, Node, ServedModel, Worker
-from tests.conftest import ROOT, free_port, python_env
+from tests.conftest import ROOT, free_port, python_env, stop_process
 from tests.integration.gateway.conftest import CeleryWorker, GatewayProcess
-from tests.integration.test_agent_sim import Server, database_url, stop, wait_until
+from tests.integration.test_agent_sim import Server, database_url, wait_until
 
 pytestmark = [
     pytest.mark.integration,
@@ -156,7 +156,7 @@ def test_plan_approve_drain_switch_and_gateway_follows(tmp_path, settings):
         assert table_roles(seen["table"])[key] == ("prefill", "active")
     finally:
         for proc in reversed(procs):
-            stop(proc)
+            stop_process(proc)
         server.stop()
         gw.stop()
         celery.stop()

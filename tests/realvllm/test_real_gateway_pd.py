@@ -21,7 +21,7 @@ import pytest
 import requests
 
 from gateway.statictable import static_table
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, free_port, stop_process
 from tests.realvllm import engine_probe as probe
 from tests.realvllm.conftest import BLOCK_SIZE, MODEL_NAME
 from tests.realvllm.test_real_pd_direct import transfer_counters, transfer_counters_after
@@ -80,12 +80,7 @@ def _gateway(table_file: Path, workdir: Path, *extra: str) -> Iterator[str]:
             time.sleep(0.2)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_process(proc)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from controlplane.alerts.lifecycle import LifecycleConfig
 from controlplane.alerts.rules import FleetSnapshot, NodeFacts
-from tests.conftest import ROOT, free_port, wait_for_port
+from tests.conftest import ROOT, free_port, stop_process, wait_for_port
 
 RECEIVER = Path(__file__).with_name("receiver.py")
 
@@ -62,13 +62,7 @@ class Receiver:
         return self
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
+        stop_process(self.proc, timeout=5)
         self.proc = None
 
     def requests(self) -> list[dict]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, free_port, python_env, wait_for_port
+from tests.conftest import ROOT, free_port, python_env, stop_process, wait_for_port
 
 MODEL = "llama-3.3-70b-fp8"
 
@@ -155,13 +155,7 @@ class GatewayProcess:
             return ""
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_process(self.proc)
         with contextlib.suppress(Exception):
             self.log.close()
 
@@ -242,13 +236,7 @@ class CeleryWorker:
             return ""
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_process(self.proc)
         with contextlib.suppress(Exception):
             self.log.close()
 

@@ -12,7 +12,7 @@ import pytest
 
 from gateway.adapters.router_sync import client_for, sync_once
 from gateway.statictable import table_from_sim_endpoints
-from tests.conftest import free_port, wait_for_port
+from tests.conftest import free_port, stop_process, wait_for_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -47,9 +47,4 @@ def test_adapter_keeps_router_workers_in_sync(kind, sim_fleet):
             time.sleep(0.2)  # sglang-router applies changes asynchronously (202)
         assert set(client.list()) == {urls["b"]}
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_process(proc)
