@@ -91,6 +91,20 @@ def test_no_telemetry_is_fail_static(h200_cluster):
     assert "stale" in state.last_explanation
 
 
+def test_measured_latency_far_over_target_raises_the_step(h200_cluster):
+    # Hot state says the ITL p95 is 400 ms against a 50 ms target, with no queue (as
+    # aggregated engines look when prefill chunks stretch their decode steps): with the
+    # default overload_change_share the planner moves up to half the workers, not 2.
+    Policy.objects.filter(cluster=h200_cluster, served_model=None).update(
+        overload_change_share=0.5)
+    write_hot_state(h200_cluster, rag_load)
+    plan = run_planning(h200_cluster)[0]
+    moves = [d for d in plan.diff if "prefill" in (d["from_role"], d["to_role"])]
+    assert 2 < len(moves) <= 16, plan.diff
+    assert plan.predictions["overload"]["latency_over"][0]["metric"] == "ITL"
+    assert "measured ITL p95 is 400 ms, 8.0× its 50 ms target" in plan.explanation
+
+
 def test_propose_approve_drain_apply_republish(h200_cluster, django_user_model):
     write_hot_state(h200_cluster, rag_load)
     plans = run_planning(h200_cluster)
