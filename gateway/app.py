@@ -350,10 +350,13 @@ class Gateway:
         prompt = await self._prompt_view(model, body, chat)
         exclude: set[str] = set()
         attempt = 0
+        # Only the even-inflow tie-break reads it (cost picks at temperature 0).
+        inflow = None
+        if model.cache_balance_band > 0 and model.temperature <= 0:
+            now = time.monotonic()
+            inflow = {w.id: self.approx.inflow(w.id, now) for w in model.workers}
         while True:
             try:
-                now = time.monotonic()
-                inflow = {w.id: self.approx.inflow(w.id, now) for w in model.workers}
                 plan = plan_request(model, prompt["tokens"], prompt["cached"], self.loads,
                                     self.rng, exclude, inflow)
             except NoWorkerError as exc:

@@ -170,20 +170,20 @@ def explain_overload(o: dict, share: float) -> str:
             f"({o['current_bottleneck']}, saturates near {cap(o['current_capacity_rps'])})"
         )
     else:
-        half = " (less than half of" if o.get("far_behind", True) else " (against"
+        half = " (less than half of" if o["far_behind"] else " (against"
         now = (
             f"{o['current_layout']} keeps {rate(o['current_goodput_rps'])} of "
             f"{rate(o['rate_rps'])} within targets{half} the "
             f"{rate(o['target_goodput_rps'])} {o['target_layout']} would)"
         )
     why = []
-    if o.get("queueing", True) and o.get("far_behind", True):
+    if o["queueing"] and o["far_behind"]:
         why.append(f"{o['waiting']:,} requests wait across {o['workers']} workers")
-    for x in o.get("latency_over") or []:
+    for x in o["latency_over"]:
         why.append(
             f"measured {x['metric']} p95 is {x['p95_ms']:,.0f} ms, "
             f"{x['p95_ms'] / x['target_ms']:.1f}× its {x['target_ms']:,.0f} ms target "
-            f"(escalates from {o.get('latency_factor', 1.5):g}×)"
+            f"(escalates from {o['latency_factor']:g}×)"
         )
     return (
         f"Larger step: {now} and {' and '.join(why)}, while {o['target_layout']} is "
