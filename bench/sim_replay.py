@@ -18,18 +18,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from workers_agent.sim import links  # noqa: E402
-from workers_agent.sim.virtual import (  # noqa: E402
-    KVAwareRouter,
+from bench.routing_baselines import (  # noqa: E402
+    DynamoCostRouter,
     LeastLoadedRouter,
-    LinkModel,
     RoundRobinRouter,
+)
+from workers_agent.sim import links  # noqa: E402
+from workers_agent.sim.gateway_routing import GatewayRouter  # noqa: E402
+from workers_agent.sim.virtual import (  # noqa: E402
+    LinkModel,
     VirtualFleet,
     uniform_fleet,
 )
 from workers_agent.sim.workload import load_trace, scenario_workload  # noqa: E402
 
-ROUTERS = {"kv": KVAwareRouter, "rr": RoundRobinRouter, "ll": LeastLoadedRouter}
+# pdplane: the gateway's router (the fleet's default); the rest are named baselines.
+ROUTERS = {"pdplane": GatewayRouter, "dynamo": DynamoCostRouter, "rr": RoundRobinRouter,
+           "ll": LeastLoadedRouter}
 
 
 def roles_for(layout: str, engines: int) -> list[str]:
@@ -56,7 +61,7 @@ def main() -> int:
     parser.add_argument("--engines", type=int, default=8)
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--layout", default="both", help="'both' or e.g. 2p6d")
-    parser.add_argument("--router", choices=sorted(ROUTERS), default="kv")
+    parser.add_argument("--router", choices=sorted(ROUTERS), default="pdplane")
     parser.add_argument("--nic-gbps", type=float, default=400)
     parser.add_argument("--tcp", action="store_true", help="NICs without RDMA")
     parser.add_argument("--gpus-per-node", type=int, default=8)

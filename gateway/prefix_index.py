@@ -330,6 +330,9 @@ class PreciseIndex:
         self.block_size: int = 0
         self.events_applied = 0
         self.unknown_parents = 0
+        # apply_hashed/match_hashes: engine block hash → workers, worker → its hashes.
+        self._hash_holders: dict[Any, set[str]] = {}
+        self._engine_hashes: dict[str, set[Any]] = {}
 
     def workers(self) -> list[str]:
         return list(self._by_worker)
@@ -382,6 +385,51 @@ class PreciseIndex:
                 holders.discard(worker_id)
                 if not holders:
                     del self._holders[ours]
+
+    def apply_hashed(self, worker_id: str, events: Iterable[dict]) -> None:
+        """KV events (as maps) keyed by the engine's own block hashes, for engines that all
+        hash blocks the same way (the simulator's do): no token ids needed. Matched with
+        :meth:`match_hashes`."""
+        held = self._engine_hashes.setdefault(worker_id, set())
+        for event in events:
+            self.events_applied += 1
+            kind = event.get("type")
+            if kind == "BlockStored":
+                self.block_size = self.block_size or int(event.get("block_size") or 0)
+                for h in event.get("block_hashes") or ():
+                    held.add(h)
+                    self._hash_holders.setdefault(h, set()).add(worker_id)
+            elif kind == "BlockRemoved":
+                for h in event.get("block_hashes") or ():
+                    held.discard(h)
+                    holders = self._hash_holders.get(h)
+                    if holders is not None:
+                        holders.discard(worker_id)
+                        if not holders:
+                            del self._hash_holders[h]
+            elif kind == "AllBlocksCleared":
+                for h in held:
+                    holders = self._hash_holders.get(h)
+                    if holders is not None:
+                        holders.discard(worker_id)
+                        if not holders:
+                            del self._hash_holders[h]
+                held.clear()
+
+    def match_hashes(self, block_hashes: Sequence[Any]) -> dict[str, int]:
+        """Worker id → leading tokens it holds, by engine block hashes (:meth:`apply_hashed`)."""
+        matched: dict[str, int] = {}
+        alive: set[str] | None = None
+        for i, h in enumerate(block_hashes):
+            holders = self._hash_holders.get(h)
+            if not holders:
+                break
+            alive = set(holders) if alive is None else alive & holders
+            if not alive:
+                break
+            for w in alive:
+                matched[w] = (i + 1) * self.block_size
+        return matched
 
     def match(self, token_ids: Sequence[int]) -> dict[str, int]:
         """Worker id → number of leading tokens it holds (whole blocks)."""

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -171,6 +172,49 @@ def follow_prefix(
         return None
     holders = [s for s in scores if match_ratio.get(s.worker_id, 0.0) >= best - 1e-9]
     return min(holders, key=lambda s: s.cost)
+
+
+class LoadReservation:
+    """The load one routed request puts on workers, as the gateway keeps it, released once.
+
+    At dispatch the prefill worker (the decode worker when it prefills locally) gets the
+    prompt's uncached blocks as queued prefill, and the decode worker the KV the request
+    adds there: its uncached prompt blocks (cached ones are shared by prefix caching; with
+    remote prefill all arrive by transfer) plus its output. :meth:`prefill_done` when the
+    prompt is computed (remote prefill answered, or the first token), :meth:`release` when
+    the request ends in any way."""
+
+    __slots__ = ("decode", "loads", "prefill")
+
+    def __init__(self, loads: defaultdict[str, WorkerLoad], plan: RoutePlan, prompt_tokens: int,
+                 output_tokens: int, block_size: int) -> None:
+        self.loads = loads
+        uncached = blocks_for(max(prompt_tokens - plan.cached_tokens, 0), block_size)
+        held = 0 if plan.prefill else blocks_for(plan.cached_tokens, block_size)
+        added = max(blocks_for(prompt_tokens, block_size) - held, 0) + blocks_for(
+            output_tokens, block_size)
+        self.prefill: tuple[str, float] | None = (plan.prefill or plan.decode, uncached)
+        self.decode: tuple[str, float] | None = (plan.decode, added)
+        loads[plan.prefill or plan.decode].prefill_blocks += uncached
+        load = loads[plan.decode]
+        load.decode_blocks += added
+        load.in_flight += 1
+
+    def prefill_done(self) -> None:
+        if self.prefill is not None:
+            worker_id, blocks = self.prefill
+            load = self.loads[worker_id]
+            load.prefill_blocks = max(load.prefill_blocks - blocks, 0.0)
+            self.prefill = None
+
+    def release(self) -> None:
+        self.prefill_done()
+        if self.decode is not None:
+            worker_id, blocks = self.decode
+            load = self.loads[worker_id]
+            load.decode_blocks = max(load.decode_blocks - blocks, 0.0)
+            load.in_flight = max(load.in_flight - 1, 0)
+            self.decode = None
 
 
 def transfer_penalty(request_blocks: float, src: WorkerEntry, dst_id: str) -> float:

@@ -6,16 +6,15 @@ from types import SimpleNamespace
 
 import pytest
 
+from bench.routing_baselines import DynamoCostRouter, LeastLoadedRouter, RoundRobinRouter
 from workers_agent.sim import links
 from workers_agent.sim.engine import EngineSpec
+from workers_agent.sim.gateway_routing import GatewayRouter
 from workers_agent.sim.report import percentile, summarize
 from workers_agent.sim.virtual import (
     FleetEngine,
-    KVAwareRouter,
-    LeastLoadedRouter,
     LinkModel,
     RoleChange,
-    RoundRobinRouter,
     VirtualFleet,
     cluster_fleet,
     uniform_fleet,
@@ -121,14 +120,37 @@ def test_role_change_drains_before_switching():
 def test_kv_aware_routing_beats_round_robin_on_hits():
     workload = chat(num=80, rate=3.0, isl=3000, osl=10, prefixes=4, fraction=0.8)
     rates = {}
-    for name, router in (("rr", RoundRobinRouter()), ("kv", KVAwareRouter()),
-                         ("ll", LeastLoadedRouter())):
+    for name, router in (("rr", RoundRobinRouter()), ("dynamo", DynamoCostRouter()),
+                         ("ll", LeastLoadedRouter()), ("pdplane", None),
+                         ("pdplane-events", GatewayRouter(precise=True))):
         fleet = VirtualFleet(uniform_fleet(4, MODEL, "H200"), router=router)
         result = fleet.run(workload)
         assert all(r.error is None for r in result.results)
         rates[name] = result.summary(2000, 50).prefix_hit_rate
-    assert rates["kv"] > rates["rr"]
-    assert rates["kv"] > 0.6
+    assert rates["dynamo"] > rates["rr"]
+    # The fleet's default is the gateway's own router, and it finds the prefixes too.
+    assert rates["pdplane"] > rates["rr"] and rates["pdplane"] > 0.6
+    assert rates["pdplane-events"] > 0.6
+
+
+def test_gateway_router_keeps_the_gateways_books():
+    """Loads are reserved at dispatch and fully released when requests leave; the table
+    is the control plane's and is rebuilt when a role changes."""
+    router = GatewayRouter()
+    engines = uniform_fleet(3, MODEL, "H200", roles=["prefill", "decode", "decode"])
+    fleet = VirtualFleet(engines, router=router)
+    result = fleet.run(chat(num=30, rate=2.0, fraction=0.2))
+    assert all(r.error is None for r in result.results)
+    assert router.model.mode == "conditional"
+    assert any(r.disaggregated for r in result.results)
+    assert all(load.in_flight == 0 and load.prefill_blocks == 0 and load.decode_blocks == 0
+               for load in router.loads.values())
+    assert not router._reservations
+    version = router.table["version"]
+    fleet.apply_role_change(RoleChange("e0", "both"))
+    fleet.run(chat(num=5, rate=2.0, seed=3))
+    assert router.table["version"] > version
+    assert router.model.mode == "aggregated"
 
 
 def test_summarize_percentiles_and_goodput():

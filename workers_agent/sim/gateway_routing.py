@@ -1,0 +1,164 @@
+"""The virtual fleet routed by the product's router, fed as the gateway feeds it.
+
+- The routing table is the one the control plane builds: a snapshot of the fleet (engines,
+  nodes, NVLink groups, NICs, roles, the policy) goes through
+  ``controlplane.routing.builder.build_table`` and the gateway's ``gateway.table.parse``.
+  It is rebuilt when a role changes.
+- Decisions are ``gateway.router.plan_request``; load accounting is the gateway's
+  (``gateway.router.LoadReservation``: queued prefill until the prefill is done, KV blocks
+  and in-flight count until the request ends).
+- Prefix knowledge is the gateway's ``ApproxPrefixIndex``, learning from its own decisions
+  (block hashes stand in for the gateway's text-chunk hashes; per-worker capacity as the
+  gateway sizes it) and, with ``precise=True``, the ``PreciseIndex`` fed with the engines'
+  KV-cache events.
+
+    fleet = VirtualFleet(engines, router=GatewayRouter(policy={"load_weight": 1.0}))
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter, defaultdict
+from typing import Any
+
+from controlplane.policies.effective import EffectivePolicy
+from controlplane.routing.builder import build_table
+from gateway.prefix_index import ApproxPrefixIndex, PreciseIndex
+from gateway.router import LoadReservation, NoWorkerError, WorkerLoad, plan_request
+from gateway.table import ModelRoute, parse
+
+from .fleet import Route, RoutingRequest
+
+GB = 1e9
+
+
+def default_policy() -> dict[str, Any]:
+    return EffectivePolicy().as_dict()
+
+
+class GatewayRouter:
+    """``router(request, fleet) -> Route`` with the gateway's router and bookkeeping."""
+
+    def __init__(self, policy: dict[str, Any] | None = None, *, precise: bool = False,
+                 approx_ttl_s: float = 120.0, seed: int = 0) -> None:
+        self.policy = {**default_policy(), **(policy or {})}
+        self.approx = ApproxPrefixIndex(ttl_s=approx_ttl_s)
+        self.precise = PreciseIndex() if precise else None
+        self.wants_kv_events = precise
+        self.loads: defaultdict[str, WorkerLoad] = defaultdict(WorkerLoad)
+        self.rng = random.Random(seed)
+        self.decisions: Counter[str] = Counter()
+        self.model: ModelRoute | None = None
+        self.table: dict[str, Any] | None = None
+        self._table_key: tuple | None = None
+        self._engine_of: dict[str, str] = {}  # table worker id -> engine id
+        self._worker_of: dict[str, str] = {}  # engine id -> table worker id
+        self._reservations: dict[str, LoadReservation] = {}
+
+    # -- the routing table -------------------------------------------------------------------
+
+    def _model_route(self, fleet) -> ModelRoute:
+        key = (id(fleet), fleet.roles_version)
+        if key != self._table_key:
+            self.table = build_table(fleet_snapshot(fleet, self.policy))
+            self.table["version"] = fleet.roles_version + 1
+            self.model = next(iter(parse(self.table).models.values()))
+            self._table_key = key
+            self._engine_of = {w.id: w.id.split("/", 1)[1] for w in self.model.workers}
+            self._worker_of = {e: w for w, e in self._engine_of.items()}
+            bs = self.model.block_size
+            for w in self.model.workers:
+                # As the gateway sizes it: twice the nominal capacity, in chunks.
+                self.approx.set_capacity(w.id, int(2 * w.kv_tokens / bs))
+        return self.model
+
+    # -- the router protocol of VirtualFleet -------------------------------------------------
+
+    def __call__(self, req: RoutingRequest, fleet) -> Route | None:
+        model = self._model_route(fleet)
+        now = fleet.now
+        bs = model.block_size
+        hashes = req.block_hashes
+        cached = {w: n * bs for w, n in self.approx.match(model.name, hashes, now).items()}
+        if self.precise is not None:
+            for engine_id, held in self.precise.match_hashes(hashes).items():
+                w = self._worker_of.get(engine_id)
+                if w is not None:
+                    cached[w] = max(cached.get(w, 0), held)
+        cached = {w: min(t, req.prompt_tokens) for w, t in cached.items()}
+        inflow = None
+        if model.cache_balance_band > 0 and model.temperature <= 0:
+            inflow = {w.id: self.approx.inflow(w.id, now) for w in model.workers}
+        try:
+            plan = plan_request(model, req.prompt_tokens, cached, self.loads, self.rng,
+                                inflow=inflow)
+        except NoWorkerError:
+            return None
+        self.decisions[plan.reason] += 1
+        self._reservations[req.request_id] = LoadReservation(
+            self.loads, plan, req.prompt_tokens, req.output_tokens, bs)
+        # Remembered at dispatch (requests sharing the prefix that arrive while this one
+        # prefills should follow it), as the gateway does.
+        self.approx.record(model.name, hashes, plan.decode, now)
+        if plan.prefill:
+            self.approx.record(model.name, hashes, plan.prefill, now)
+        prefill = self._engine_of[plan.prefill] if plan.prefill else None
+        return Route(self._engine_of[plan.decode], prefill)
+
+    def prefill_done(self, request_id: str) -> None:
+        reservation = self._reservations.get(request_id)
+        if reservation is not None:
+            reservation.prefill_done()
+
+    def finished(self, request_id: str) -> None:
+        reservation = self._reservations.pop(request_id, None)
+        if reservation is not None:
+            reservation.release()
+
+    def kv_events(self, engine_id: str, events: list[dict], now: float) -> None:
+        if self.precise is not None:
+            self.precise.apply_hashed(engine_id, events)
+
+
+def fleet_snapshot(fleet, policy: dict[str, Any]) -> dict[str, Any]:
+    """The control plane's snapshot of a virtual fleet (controlplane.routing.builder's
+    input): one model, its engines as workers with their new-work role, the nodes' NICs."""
+    first = fleet.order[0].fleet_engine.spec
+    model = first.model
+    nic = fleet.links.nic
+    groups: dict[str, int] = {}
+    workers = []
+    nodes: dict[str, Any] = {}
+    for member in fleet.order:
+        spec = member.fleet_engine.spec
+        hw = spec.hardware
+        group = member.nvlink_group
+        index = groups.setdefault(group, len(groups)) if group is not None else None
+        nic_link = fleet.links.node_nics.get(member.node, nic)
+        nodes.setdefault(member.node, {"nics": [{
+            "name": "nic0", "line_rate_gbps": nic_link.bandwidth_gbs * 8,
+            "rdma": nic_link.kind == "rdma", "fabric": "fabric", "missing": False,
+        }]})
+        workers.append({
+            "name": member.engine_id, "node": member.node,
+            "url": f"http://sim.invalid/{member.engine_id}", "metrics_url": "",
+            "engine": "sim", "tp_size": spec.tp, "desired_role": member.role_for_new_work,
+            "observed_role": member.role, "state": "active", "kv_events_endpoint": "",
+            "kv_replay_endpoint": "",
+            "gpus": [{"index": i, "memory_bytes": int(hw.memory_gb * GB),
+                      "nvlink_group": index, "nvlink_bandwidth_gbs": hw.nvlink_gbs or 0,
+                      "pcie_gbs": hw.pcie_width * {3: 1, 4: 2, 5: 4, 6: 8}.get(
+                          hw.pcie_generation, 4)} for i in range(spec.tp)],
+        })
+    rdma = nic.kind == "rdma"
+    return {
+        "cluster": "virtual",
+        "fabrics": {"fabric": {"transport": "infiniband" if rdma else "ethernet", "rdma": rdma,
+                               "line_rate_gbps": nic.bandwidth_gbs * 8}},
+        "nodes": nodes,
+        "models": [{
+            "name": model.name, "kv_block_size": first.block_size,
+            "kv_bytes_per_token": model.kv_bytes_per_token, "weight_bytes": model.weight_bytes,
+            "max_model_len": model.max_model_len, "policy": policy, "workers": workers,
+        }],
+    }
