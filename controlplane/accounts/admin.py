@@ -1,6 +1,6 @@
 from django.contrib import admin, messages
 
-from .models import APIToken
+from .models import APIToken, ClusterMembership
 
 
 @admin.register(APIToken)
@@ -30,3 +30,16 @@ class APITokenAdmin(admin.ModelAdmin):
         for token in queryset:
             token.revoked = True
             token.save(update_fields=["revoked"])
+
+
+@admin.register(ClusterMembership)
+class ClusterMembershipAdmin(admin.ModelAdmin):
+    """Roles on single clusters (controlplane/accounts/access.py explains how they combine
+    with fleet-wide roles and token scopes)."""
+
+    list_display = ["cluster", "user", "token", "role", "created"]
+    list_filter = ["role", "cluster"]
+    search_fields = ["user__username", "token__prefix", "cluster__name"]
+    autocomplete_fields = ["user"]
+    raw_id_fields = ["token"]
+    readonly_fields = ["created"]

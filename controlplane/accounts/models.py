@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from .roles import SCOPE_ADMIN, SCOPE_READ, SCOPE_WRITE
+from .roles import ADMIN, OPERATOR, SCOPE_ADMIN, SCOPE_READ, SCOPE_WRITE, VIEWER
 
 TOKEN_PREFIX = "pdp_"
 # last_used_at is refreshed at most this often, so reads don't turn into writes.
@@ -100,3 +100,57 @@ class APIToken(models.Model):
             # .update(): no save signals, so token use is not an audited change.
             APIToken.objects.filter(pk=self.pk).update(last_used_at=now)
             self.last_used_at = now
+
+
+class ClusterRole(models.TextChoices):
+    VIEWER = VIEWER, "Viewer"
+    OPERATOR = OPERATOR, "Operator"
+    ADMIN = ADMIN, "Admin"
+
+
+class ClusterMembership(models.Model):
+    """A role on one cluster, for a user or for one API token (NetBox-style tenancy).
+
+    A user's membership adds to their fleet-wide role on that cluster. A token's
+    memberships narrow it: a token with any membership reaches only those clusters, with at
+    most the listed role, and never more than its owner (controlplane/accounts/access.py).
+    """
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE,
+        related_name="cluster_memberships",
+    )
+    token = models.ForeignKey(
+        APIToken, null=True, blank=True, on_delete=models.CASCADE,
+        related_name="cluster_memberships",
+    )
+    cluster = models.ForeignKey(
+        "topology.Cluster", on_delete=models.CASCADE, related_name="memberships"
+    )
+    role = models.CharField(max_length=8, choices=ClusterRole.choices)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["cluster", "id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=(models.Q(user__isnull=False, token__isnull=True)
+                           | models.Q(user__isnull=True, token__isnull=False)),
+                name="membership_user_xor_token",
+                violation_error_message="A membership is for a user or for a token, not both.",
+            ),
+            models.UniqueConstraint(
+                fields=["user", "cluster"], condition=models.Q(user__isnull=False),
+                name="membership_unique_user_cluster",
+                violation_error_message="This user already has a role on this cluster.",
+            ),
+            models.UniqueConstraint(
+                fields=["token", "cluster"], condition=models.Q(token__isnull=False),
+                name="membership_unique_token_cluster",
+                violation_error_message="This token already has a role on this cluster.",
+            ),
+        ]
+
+    def __str__(self):
+        who = self.user if self.user_id else self.token
+        return f"{who}: {self.role} on {self.cluster}"

@@ -12,6 +12,10 @@ admin      everything: also changes inventory, models and policies (``write``) a
 
 An API token narrows its owner's role to the token's scope; it never widens it:
 effective permission = role ∩ scope.
+
+These are the *fleet-wide* roles. Roles on single clusters (ClusterMembership) and the
+per-cluster checks every surface uses live in controlplane/accounts/access.py; ``can`` and
+``restrict`` here are the fleet-wide shorthands and delegate to it.
 """
 
 from __future__ import annotations
@@ -68,27 +72,29 @@ def role_of(user) -> str | None:
 
 
 def allowed_actions(user, token=None) -> frozenset[str]:
-    """What ``user`` may do, narrowed by ``token``'s scope when the request used a token."""
-    allowed = ROLE_ALLOWS[role_of(user)]
-    if token is not None:
-        if not token.is_usable():
-            return frozenset()
-        allowed = allowed & SCOPE_ALLOWS.get(token.scope, frozenset())
-    return allowed
+    """What ``user`` may do fleet-wide (on every cluster), narrowed by ``token``."""
+    from .access import access_for
+
+    return access_for(user, token).fleet
 
 
 def may_issue_scope(user, scope: str, current_token=None) -> bool:
     """Whether ``user`` (authenticated through ``current_token``, if any) may create a token
     of ``scope``: what the new token would allow must not exceed what is allowed now, so a
-    read token cannot mint a write token. A scope above the role is fine — it is clipped."""
-    would_allow = ROLE_ALLOWS[role_of(user)] & SCOPE_ALLOWS.get(scope, frozenset())
-    return bool(would_allow) and would_allow <= allowed_actions(user, current_token)
+    read token cannot mint a write token. A scope above the role is fine — it is clipped.
+    Roles on single clusters count: a cluster viewer may hold a read token."""
+    from .access import access_for
+
+    would_allow = access_for(user).reach & SCOPE_ALLOWS.get(scope, frozenset())
+    return bool(would_allow) and would_allow <= access_for(user, current_token).reach
 
 
 def can(user, action: str, token=None) -> bool:
-    """May ``user`` (through ``token``, if given) perform ``action``?
+    """May ``user`` (through ``token``, if given) perform ``action`` fleet-wide — on every
+    cluster and on objects that belong to none?
 
-    ``action`` is one of read / write / action / admin.
+    ``action`` is one of read / write / action / admin. For one cluster or one object, ask
+    ``access.can_on`` / ``access.can_on_object``.
     """
     if action not in ACTIONS:
         raise ValueError(f"unknown permission action {action!r}; expected one of {ACTIONS}")
@@ -96,13 +102,12 @@ def can(user, action: str, token=None) -> bool:
 
 
 def restrict(queryset: QuerySet, user, action: str = READ, token=None) -> QuerySet:
-    """``queryset`` limited to what ``user`` may ``action`` — NetBox's ``.restrict()``.
+    """``queryset`` limited to what ``user`` may ``action`` — NetBox's ``.restrict()``:
+    all of it for a fleet-wide role, the rows of the clusters the user holds a role on
+    otherwise (controlplane/accounts/access.py)."""
+    from .access import restrict as restrict_to_access
 
-    Permissions are fleet-wide today, so the answer is all or nothing; views, the API and
-    websocket consumers still go through here so per-cluster scoping can be added in one
-    place later.
-    """
-    return queryset if can(user, action, token) else queryset.none()
+    return restrict_to_access(queryset, user, action, token)
 
 
 def set_role(user, role: str | None) -> None:
@@ -117,3 +122,6 @@ def set_role(user, role: str | None) -> None:
         user.groups.add(group)
     if hasattr(user, _ROLE_CACHE_ATTR):
         delattr(user, _ROLE_CACHE_ATTR)
+    from .access import forget
+
+    forget(user)

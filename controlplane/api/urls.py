@@ -2,6 +2,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
+from controlplane.accounts.api import ClusterMembershipViewSet
 from controlplane.alerts.api import register as register_alert_resources
 
 from . import views, views_live, views_planner
@@ -20,6 +21,8 @@ router.register("gateways", views.GatewayViewSet)
 router.register("policies", views.PolicyViewSet)
 router.register("audit", views.ChangeRecordViewSet)
 router.register("tokens", views.APITokenViewSet)
+router.register("cluster-memberships", ClusterMembershipViewSet,
+                basename="cluster-membership")
 router.register("routing-tables", views_live.RoutingTableViewSet)
 router.register("plans", views_planner.PlanViewSet)
 register_alert_resources(router)  # alerts, rules, silences, webhook endpoints/deliveries

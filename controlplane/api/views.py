@@ -299,6 +299,7 @@ class APITokenViewSet(
     queryset = APIToken.objects.all()
     ordering_fields = ["created", "last_used_at"]
     required_action = READ  # everyone manages their own tokens, within their role
+    access_scope = "anywhere"  # a role on any one cluster is enough
 
     def get_queryset(self):
         return APIToken.objects.filter(user=self.request.user).select_related("user")

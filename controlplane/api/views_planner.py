@@ -11,15 +11,17 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.accounts import access
 from controlplane.accounts.roles import ACTION, READ
 from controlplane.planner.apply import PlanError
 from controlplane.planner.models import Plan
 from controlplane.topology.models import Cluster
 
-from .base import RestrictedMixin
+from .base import RestrictedMixin, scope_related_fields
 from .errors import Conflict
 from .fields import NestedRef
 from .mixins import idempotent
+from .permissions import request_access
 from .views_live import ServiceUnavailable
 
 log = logging.getLogger(__name__)
@@ -132,8 +134,13 @@ class PlanViewSet(RestrictedMixin, viewsets.ReadOnlyModelViewSet):
         from controlplane.planner.service import run_planning
 
         body = PlanRunSerializer(data=request.data)
+        # A cluster the caller cannot see is "does not exist"; one it only views is 403.
+        scope_related_fields(body, request_access(request))
         body.is_valid(raise_exception=True)
         cluster = body.validated_data["cluster"]
+        if not access.can_on(request_access(request), ACTION, cluster):
+            raise exceptions.PermissionDenied("Your role on this cluster does not allow "
+                                              "'action'.")
         try:
             with transaction.atomic():
                 plans = run_planning(cluster)
@@ -185,6 +192,8 @@ class WhatIfView(APIView):
     """How would each prefill/decode layout do for this hardware, model and traffic?"""
 
     required_action = READ
+    # Hypothetical hardware only, no cluster data: a read role on any cluster is enough.
+    access_scope = "anywhere"
 
     @extend_schema(request=WhatIfRequestSerializer, responses={200: WhatIfAnswerSerializer})
     def post(self, request):

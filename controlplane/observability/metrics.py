@@ -65,15 +65,23 @@ CELERY_TASK_DURATION = Histogram(
 
 
 class StateCollector:
-    """Gauges computed at scrape time from the database and hot state."""
+    """Gauges computed at scrape time from the database and hot state; only of
+    ``cluster_ids`` when given (a scraper whose role covers some clusters only)."""
+
+    def __init__(self, cluster_ids: set[int] | None = None):
+        self.cluster_ids = cluster_ids
 
     def collect(self):
         from controlplane.routing.models import RoutingTableVersion
         from controlplane.topology.models import Gateway, Node
 
+        node_rows, gateway_rows = Node.objects.all(), Gateway.objects.select_related("cluster")
+        if self.cluster_ids is not None:
+            node_rows = node_rows.filter(cluster_id__in=self.cluster_ids)
+            gateway_rows = gateway_rows.filter(cluster_id__in=self.cluster_ids)
         nodes = GaugeMetricFamily("pdplane_nodes", "Nodes by liveness status", labels=["status"])
         counts: dict[str, int] = {}
-        for status in Node.objects.values_list("status", flat=True):
+        for status in node_rows.values_list("status", flat=True):
             counts[status] = counts.get(status, 0) + 1
         for status, count in sorted(counts.items()):
             nodes.add_metric([status], count)
@@ -85,12 +93,12 @@ class StateCollector:
             labels=["cluster", "gateway"],
         )
         latest = RoutingTableVersion.latest_per_cluster()
-        for gw in Gateway.objects.select_related("cluster"):
+        for gw in gateway_rows:
             behind = max(latest.get(gw.cluster_id, 0) - gw.applied_table_version, 0)
             lag.add_metric([gw.cluster.name, gw.name], behind)
         yield lag
 
-        agents = _agents_reporting()
+        agents = _agents_reporting() if self.cluster_ids is None else None  # fleet-wide
         if agents is not None:
             yield agents
 
@@ -118,8 +126,15 @@ def _agents_reporting() -> GaugeMetricFamily | None:
 
 
 
-def exposition() -> tuple[bytes, str]:
-    """Render every metric of this deployment (all processes when multiprocess is on)."""
+def exposition(cluster_ids: set[int] | None = None) -> tuple[bytes, str]:
+    """Render every metric of this deployment (all processes when multiprocess is on).
+
+    With ``cluster_ids``: only the per-cluster state gauges of those clusters; the process
+    counters are fleet-wide totals and are left out."""
+    if cluster_ids is not None:
+        state = CollectorRegistry()
+        state.register(StateCollector(cluster_ids))
+        return generate_latest(state), CONTENT_TYPE_LATEST
     registry = CollectorRegistry()
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         multiprocess.MultiProcessCollector(registry)

@@ -84,13 +84,18 @@ def agent_groups(nodes: list[dict]) -> list[dict]:
     return groups
 
 
-def targets(cluster: str | None = None) -> list[dict]:
-    """Every engine, gateway and agent (optionally of one cluster), in http_sd format."""
+def targets(cluster: str | None = None, visible=None) -> list[dict]:
+    """Every engine, gateway and agent (optionally of one cluster), in http_sd format;
+    only of the ``visible`` clusters (a Cluster queryset) when given."""
     from controlplane.topology.models import Gateway, Node, Worker
 
     workers = Worker.objects.select_related("node__cluster", "served_model")
     gateways = Gateway.objects.select_related("cluster")
     nodes = Node.objects.exclude(agent_metrics_url="").select_related("cluster")
+    if visible is not None:
+        workers = workers.filter(node__cluster__in=visible)
+        gateways = gateways.filter(cluster__in=visible)
+        nodes = nodes.filter(cluster__in=visible)
     if cluster:
         workers = workers.filter(node__cluster__name=cluster)
         gateways = gateways.filter(cluster__name=cluster)
