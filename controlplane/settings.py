@@ -79,6 +79,7 @@ INSTALLED_APPS = [
     "controlplane.policies",
     "controlplane.telemetry",
     "controlplane.planner",
+    "controlplane.outbox",
     "controlplane.routing",
     "controlplane.alerts",
     "controlplane.accounts",
