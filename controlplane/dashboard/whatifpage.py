@@ -5,16 +5,16 @@ from __future__ import annotations
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 
+import pdcatalog as catalog
 from controlplane.planner.whatif import WhatIfError, WhatIfQuery, whatif
 
-GPU_CHOICES = ("H200 NVL", "H200 SXM", "H100 SXM", "RTX PRO 6000", "L40S", "L4")
+# Both from the one hardware and model catalog (pdcatalog).
+GPU_CHOICES = catalog.gpu_choices()
 MODEL_PRESETS = {
-    "llama-3.3-70b-fp8": {"layers": 80, "kv_heads": 8, "head_dim": 128, "kv_dtype_bytes": 1,
-                          "params_b": 70.6, "weight_dtype_bytes": 1},
-    "llama-3.3-70b-bf16": {"layers": 80, "kv_heads": 8, "head_dim": 128, "kv_dtype_bytes": 2,
-                           "params_b": 70.6, "weight_dtype_bytes": 2},
-    "llama-3.1-8b": {"layers": 32, "kv_heads": 8, "head_dim": 128, "kv_dtype_bytes": 2,
-                     "params_b": 8.0, "weight_dtype_bytes": 2},
+    m.name: {"layers": m.layers, "kv_heads": m.kv_heads, "head_dim": m.head_dim,
+             "kv_dtype_bytes": m.kv_bytes_per_element, "params_b": m.params_b,
+             "weight_dtype_bytes": m.weight_bytes_per_param}
+    for m in catalog.MODELS.values()
 }
 FORM_FIELDS = ("gpu", "nodes", "gpus_per_node", "tp", "nvlink_group_size", "nic_gbps", "rdma",
                "isl", "osl", "prefix_hit", "rate_rps", "ttft_slo_ms", "itl_slo_ms",

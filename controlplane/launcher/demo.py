@@ -16,23 +16,21 @@ from pathlib import Path
 
 from django.db import transaction
 
+from controlplane.topology.samples import gpu_fields, model_fields
+
 CLUSTER = "demo"
 NODES = ("demo-node-1", "demo-node-2", "demo-node-3")
 GPUS_PER_NODE = 8
 NVLINK_GROUP = 4
-GB = 1000**3
 
 # served model name → (geometry, which GPUs of every node serve it)
 MODELS = {
     "llama-3.1-8b": {
-        "geometry": {"layers": 32, "kv_heads": 8, "head_dim": 128, "kv_dtype_bytes": 2,
-                     "weight_bytes": 16 * GB, "kv_block_size": 16, "max_model_len": 32768},
+        "geometry": model_fields("llama-3.1-8b", kv_block_size=16, max_model_len=32768),
         "gpus": (0, 1, 2, 3),
     },
     "llama-3.3-70b-fp8": {
-        "geometry": {"layers": 80, "kv_heads": 8, "head_dim": 128, "kv_dtype_bytes": 1,
-                     "weight_bytes": int(70.6 * GB), "kv_block_size": 16,
-                     "max_model_len": 32768},
+        "geometry": model_fields("llama-3.3-70b-fp8", kv_block_size=16, max_model_len=32768),
         "gpus": (4, 5, 6, 7),
     },
 }
@@ -157,13 +155,12 @@ def seed(ports: DemoPorts, var_dir: Path) -> dict:
             token_file.write_text(issue_token(node))
             token_file.chmod(0o600)
         tokens[host] = token_file
+        h200 = gpu_fields("NVIDIA H200", nvlink_group_size=NVLINK_GROUP)
         for gpu in range(GPUS_PER_NODE):
             gpu_row, _ = GPU.objects.update_or_create(
                 node=node, index=gpu,
-                defaults={"uuid": f"GPU-demo-{i + 1}-{gpu}", "product_name": "NVIDIA H200",
-                          "memory_bytes": 141 * GB, "memory_bandwidth_gbs": 4800,
-                          "nvlink_group": gpu // NVLINK_GROUP, "nvlink_bandwidth_gbs": 900,
-                          "pcie_generation": 5, "pcie_width": 16},
+                defaults={"uuid": f"GPU-demo-{i + 1}-{gpu}", **h200,
+                          "nvlink_group": gpu // NVLINK_GROUP, "pcie_width": 16},
             )
             http, kv, replay = ports.engine(i, gpu)
             worker, created = Worker.objects.update_or_create(

@@ -5,8 +5,9 @@ only where a quantity is genuinely unbounded, e.g. the wait in an overloaded que
 
 Figures and their sources (``shared/reference/CALIBRATION.md`` unless said otherwise):
 
-* GPU memory and bandwidth: vendor datasheets. Dense TFLOPS: datasheets for H100/H200/L40S/L4;
-  the RTX PRO 6000 and H200 NVL rows are *estimates* (marked) and are corrected online by
+* GPUs: the one hardware catalog, :mod:`pdcatalog` (``pdcatalog/gpus.py`` cites datasheets
+  and which efficiencies are fitted or estimated); unknown parts get an estimated profile
+  that says so (``GpuProfile.estimate_reason``), corrected online by
   :mod:`controlplane.planner.calibration`.
 * Efficiencies: prefill reaches ~50 % of dense peak (AIConfigurator puts Llama 3.1 70B TP4
   on H200 at ~56 %, Splitwise measured ~26 % on H100 TP8 — 0.5 is the middle); decode reads
@@ -22,6 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+import pdcatalog as catalog
 from controlplane.core.kvgeometry import kv_bytes_per_token as _kv_formula
 
 GB = 1e9
@@ -39,7 +41,11 @@ class GpuProfile:
     tflops_fp8: float  # dense
     nvlink_gbs: float = 0.0  # per GPU, one way
     pcie_gbs: float = 64.0  # one way
-    estimate: bool = False  # True where the compute figures are not from a datasheet
+    # True when the GPU is not in the catalog and the figures are assumed; the reason says
+    # what was assumed (shown in plan explanations, the what-if and the GpuProfileEstimated
+    # alert).
+    estimate: bool = False
+    estimate_reason: str = ""
     # Efficiencies (shares of peak) and fixed costs, as in the simulator's profiles.
     mfu: float = 0.77  # prefill matmuls, share of dense peak
     fp8_mfu_factor: float = 0.7  # FP8 kernels reach a lower share of their higher peak
@@ -61,59 +67,35 @@ class GpuProfile:
         return self.tflops_bf16 * 1e12 * self.attention_efficiency
 
 
-# Fallback table (datasheets; efficiencies of the H100 row fitted to AIConfigurator, others
-# estimates). When the simulator's profile module is importable the planner starts from
-# the same rows it uses (see :func:`_sim_profiles`), so one set of numbers is calibrated.
+def _profile(spec: catalog.GpuSpec, estimate_reason: str = "") -> GpuProfile:
+    """A catalog entry as the cost model's profile (datasheet peaks and efficiencies)."""
+    return GpuProfile(
+        spec.name,
+        spec.memory_bytes,
+        spec.memory_bandwidth_gbs,
+        spec.bf16_tflops,
+        spec.fp8_tflops or spec.bf16_tflops,
+        spec.nvlink_gbs or 0.0,
+        spec.pcie_gbs,
+        estimate=bool(estimate_reason),
+        estimate_reason=estimate_reason,
+        mfu=spec.mfu,
+        fp8_mfu_factor=spec.fp8_mfu_factor if spec.fp8_tflops else 1.0,
+        attention_efficiency=spec.attention_efficiency,
+        bandwidth_efficiency=spec.bandwidth_efficiency,
+        step_overhead_s=spec.step_overhead_s,
+        per_seq_layer_s=spec.per_seq_layer_s,
+        tp_alpha=spec.tp_alpha,
+        allreduce_latency_s=spec.allreduce_latency_s,
+        activation_bytes=spec.activation_overhead_gb * GB,
+        gpu_memory_utilization=spec.gpu_memory_utilization,
+    )
+
+
+# Every catalogued part by lower-case short name (the figures live in pdcatalog/gpus.py).
 GPU_PROFILES: dict[str, GpuProfile] = {
-    "h200 sxm": GpuProfile("H200 SXM", 141 * GB, 4800, 989, 1979, 450, 64, mfu=0.86,
-                           attention_efficiency=0.95, step_overhead_s=0.0012),
-    # The NVL card runs at lower clocks than the SXM part: ~85 % of its compute (estimate).
-    "h200 nvl": GpuProfile("H200 NVL", 141 * GB, 4800, 835, 1671, 450, 64, estimate=True,
-                           mfu=0.84, bandwidth_efficiency=0.88, step_overhead_s=0.0013),
-    "h100 sxm": GpuProfile("H100 SXM", 80 * GB, 3350, 989, 1979, 450, 64),
-    # Datasheet compute for the Blackwell server card is quoted with sparsity; halved (estimate).
-    "rtx pro 6000": GpuProfile("RTX PRO 6000", 96 * GB, 1597, 500, 1000, 0, 64, estimate=True,
-                               mfu=0.7, attention_efficiency=0.7, bandwidth_efficiency=0.85,
-                               step_overhead_s=0.0014, tp_alpha=0.2, allreduce_latency_s=40e-6),
-    "l40s": GpuProfile("L40S", 48 * GB, 864, 362, 733, 0, 32, mfu=0.65,
-                       attention_efficiency=0.65, bandwidth_efficiency=0.85, tp_alpha=0.25),
-    "l4": GpuProfile("L4", 24 * GB, 300, 121, 242, 0, 32, mfu=0.6, attention_efficiency=0.6,
-                     bandwidth_efficiency=0.85, tp_alpha=0.25, activation_bytes=1e9),
+    spec.name.lower(): _profile(spec) for spec in catalog.GPUS.values()
 }
-
-
-def _sim_profiles() -> dict[str, GpuProfile]:
-    """The simulator's hardware rows as planner profiles, or {} if it is not installed."""
-    try:
-        from workers_agent.sim import profiles as sim
-    except ImportError:  # pragma: no cover - the planner also runs without the simulator
-        return {}
-    out = {}
-    for hw in sim.HARDWARE.values():
-        out[hw.name.lower()] = GpuProfile(
-            hw.name,
-            hw.memory_bytes,
-            hw.memory_bandwidth_gbs,
-            hw.bf16_tflops,
-            hw.fp8_tflops or hw.bf16_tflops,
-            hw.nvlink_gbs or 0.0,
-            0.25 * 2 ** (hw.pcie_generation - 1) * hw.pcie_width,
-            estimate=hw.name in ("H200 NVL", "RTX PRO 6000", "L40S", "L4"),
-            mfu=hw.mfu,
-            fp8_mfu_factor=hw.fp8_mfu_factor if hw.fp8_tflops else 1.0,
-            attention_efficiency=hw.attention_efficiency,
-            bandwidth_efficiency=hw.bandwidth_efficiency,
-            step_overhead_s=hw.step_overhead_s,
-            per_seq_layer_s=hw.per_seq_layer_s,
-            tp_alpha=hw.tp_alpha,
-            allreduce_latency_s=hw.allreduce_latency_s,
-            activation_bytes=hw.activation_overhead_gb * 1e9,
-            gpu_memory_utilization=hw.gpu_memory_utilization,
-        )
-    return out
-
-
-GPU_PROFILES.update(_sim_profiles())
 
 
 def gpu_profile_for(
@@ -123,31 +105,14 @@ def gpu_profile_for(
     nvlink_gbs: float | None = None,
     pcie_gbs: float | None = None,
 ) -> GpuProfile:
-    """The table row whose key appears in ``product_name`` (longest key wins), with the
-    inventory's own memory/bandwidth figures taking precedence. Unknown GPUs get a
-    conservative generic profile scaled from memory bandwidth (marked as an estimate)."""
-    name = (product_name or "").lower()
-    best = None
-    for key in sorted(GPU_PROFILES, key=len, reverse=True):
-        if key in name or key.replace(" ", "") in name.replace(" ", ""):
-            best = GPU_PROFILES[key]
-            break
-    if best is None and name.startswith("h200"):
-        best = GPU_PROFILES["h200 sxm"]
-    if best is None:
-        bw = memory_bandwidth_gbs or 1000.0
-        # ~0.2 dense BF16 TFLOPS per GB/s of memory bandwidth: the ratio of recent parts;
-        # efficiencies lowered to stay on the safe side.
-        best = GpuProfile(
-            product_name or "unknown GPU",
-            memory_bytes or 24 * GB,
-            bw,
-            0.2 * bw,
-            0.4 * bw,
-            estimate=True,
-            mfu=0.6,
-            bandwidth_efficiency=0.8,
-        )
+    """The catalog's profile for ``product_name`` (NVML name, short name or alias), with
+    the inventory's own memory/bandwidth figures taking precedence. A GPU the catalog does
+    not know gets an estimated profile with ``estimate=True`` and ``estimate_reason`` set
+    (see :func:`pdcatalog.lookup_gpu`): explanations, the what-if and alerts show it."""
+    found = catalog.lookup_gpu(
+        product_name, memory_bytes=memory_bytes, memory_bandwidth_gbs=memory_bandwidth_gbs
+    )
+    best = _profile(found.spec, found.reason if found.estimated else "")
     changes = {}
     if memory_bytes:
         changes["memory_bytes"] = float(memory_bytes)

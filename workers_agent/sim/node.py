@@ -27,6 +27,7 @@ from typing import Any
 
 from aiohttp import web
 
+import pdcatalog as catalog
 from workers_agent.sim import profiles
 from workers_agent.sim.fleetconfig import ROLES, EngineConfig, FleetConfig, NodeConfig
 from workers_agent.sim.server import EngineServer, SimClock
@@ -35,16 +36,6 @@ from workers_agent.sim.server.pd import EngineLocation, KvPath, NicInfo, nvlink_
 log = logging.getLogger(__name__)
 
 SAMPLE_INTERVAL_S = 0.5  # wall seconds between utilisation samples
-
-# NVML product names and board power limits (W) of the simulated parts (datasheets).
-_NVML_NAMES = {
-    "H200 SXM": ("NVIDIA H200", 700),
-    "H200 NVL": ("NVIDIA H200 NVL", 600),
-    "H100 SXM": ("NVIDIA H100 80GB HBM3", 700),
-    "RTX PRO 6000": ("NVIDIA RTX PRO 6000 Blackwell Server Edition", 600),
-    "L40S": ("NVIDIA L40S", 350),
-    "L4": ("NVIDIA L4", 72),
-}
 
 
 @dataclass
@@ -92,7 +83,9 @@ class SimNode:
         self.host = host
         self.clock = clock or SimClock()
         self.hardware = profiles.get_hardware(node.gpu)
-        name, power = _NVML_NAMES.get(self.hardware.name, (f"NVIDIA {self.hardware.name}", 400))
+        # NVML's product name and the board power limit of the part, from the catalog.
+        spec = catalog.lookup_gpu(self.hardware.name).spec
+        name, power = spec.nvml_name, spec.tdp_w
         self.gpus = [
             _Gpu(i, gpu_uuid(node.hostname, i), name, int(self.hardware.memory_bytes), power)
             for i in range(node.gpu_count)

@@ -13,6 +13,7 @@ from collections import Counter
 
 from django.core.management.base import BaseCommand, CommandError
 
+import pdcatalog as catalog
 from controlplane.topology.models import Cluster, ServedModel
 from workers_agent.sim import profiles
 
@@ -32,15 +33,12 @@ def model_profile_name(model: ServedModel) -> str:
 
 
 def gpu_profile_name(product_name: str) -> str:
-    try:
-        return profiles.get_hardware(product_name).name
-    except KeyError:
-        # Fall back on the closest part by name; the simulator needs some profile.
-        lowered = product_name.lower()
-        for key in ("h200 nvl", "h200", "h100", "rtx pro 6000", "l40s", "l4"):
-            if key in lowered:
-                return profiles.get_hardware(key.replace(" ", "-")).name
-        raise CommandError(f"no simulator profile for GPU {product_name!r}") from None
+    """The simulator's profile for a GPU: the catalog's entry, or its closest catalogued
+    part by name or family (the simulator needs some profile); never a generic guess."""
+    found = catalog.lookup_gpu(product_name)
+    if found.matched_by == "generic":
+        raise CommandError(f"no simulator profile for GPU {product_name!r}")
+    return profiles.get_hardware(found.spec.name).name
 
 
 def nvlink_group_size(gpus) -> int:
