@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -11,7 +10,14 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from tests.conftest import ROOT, free_port, python_env, stop_process, wait_for_port
+from tests.conftest import (
+    ROOT,
+    free_port,
+    python_env,
+    require_system_part,
+    stop_process,
+    wait_for_port,
+)
 
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -56,9 +62,8 @@ def browser():
     playwright_api = pytest.importorskip("playwright.sync_api")
     executable = shutil.which("chromium") or shutil.which("chromium-browser")
     if not executable:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is not installed (.ci/run installs Debian's chromium)")
-        pytest.skip("chromium is not installed")
+        require_system_part("browser", "chromium is not installed",
+                            "apt-get install chromium (Debian's; never `playwright install`)")
     with playwright_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
         yield browser

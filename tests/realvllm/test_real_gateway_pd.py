@@ -84,8 +84,8 @@ def _gateway(table_file: Path, workdir: Path, *extra: str) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def gateway_url(engine_a, engine_b, tmp_path_factory) -> Iterator[str]:
-    """Disaggregated: engine a prefills, engine b decodes."""
+def gateway_url(engine_a, engine_b, nixl_transfer_capable, tmp_path_factory) -> Iterator[str]:
+    """Disaggregated: engine a prefills, engine b decodes (NIXL moves the KV)."""
     workdir = tmp_path_factory.mktemp("gateway")
     table = _table_file(workdir, ((engine_a, "prefill"), (engine_b, "decode")), "disaggregated")
     with _gateway(table, workdir) as url:

@@ -91,7 +91,7 @@ def disaggregated_stream(prefill, decode, body: dict) -> tuple[list[int], dict]:
         return probe.stream_token_ids(stream), params
 
 
-def test_disaggregated_stream_matches_one_engine_alone(engine_a, engine_b):
+def test_disaggregated_stream_matches_one_engine_alone(engine_a, engine_b, nixl_transfer_capable):
     prompt = probe.unique_prompt(150)
     body = {
         "model": "tiny",
