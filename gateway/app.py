@@ -134,7 +134,9 @@ class Gateway:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, ttl_dns_cache=300)
         self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         if self.config.kv_events:
-            self.subscriber = KvEventSubscriber(self._on_kv_events, self.metrics)
+            self.subscriber = KvEventSubscriber(self._on_kv_events, self.metrics,
+                                                on_reset=self._on_kv_reset,
+                                                stall_after_s=self.config.kv_stall_s)
         if self.config.state_file:
             from pathlib import Path
 
@@ -189,6 +191,25 @@ class Gateway:
         index.apply(worker_id, events)
         if any(isinstance(e, AllBlocksCleared) for e in events):
             self.approx.forget_worker(worker_id)
+
+    def _on_kv_reset(self, model: str, worker_id: str) -> None:
+        """The worker's engine restarted (its stream started over): its cache is empty, so
+        forget what both indexes believed it held; the new stream refills them."""
+        index = self.precise.get(model)
+        if index is not None:
+            index.forget_worker(worker_id)
+        self.approx.forget_worker(worker_id)
+
+    def kv_streams_view(self) -> dict[str, dict]:
+        """Per worker: the stream's state and the blocks the precise index holds for it."""
+        if self.subscriber is None:
+            return {}
+        held: dict[str, int] = {}
+        for index in self.precise.values():
+            for worker_id, blocks in index._by_worker.items():
+                held[worker_id] = held.get(worker_id, 0) + len(blocks)
+        return {w: {**stream.stats(), "blocks": held.get(w, 0)}
+                for w, stream in self.subscriber.streams.items()}
 
     # ------------------------------------------------------------------ pull (cold start)
 
@@ -295,6 +316,7 @@ class Gateway:
                 },
                 "approx_index_entries": len(self.approx),
                 "kv_event_workers": {m: idx.workers() for m, idx in self.precise.items()},
+                "kv_streams": self.kv_streams_view(),
             }
         )
 
@@ -406,7 +428,10 @@ class Gateway:
             tokens = len(token_ids or [])
         cached = {w: int(n * unit) for w, n in self.approx.match(model.name, hashes, now).items()}
         if token_ids and precise is not None:
+            subscriber = self.subscriber
             for w, held in precise.match(token_ids).items():
+                if subscriber is not None and subscriber.stalled(w):
+                    continue  # stalled stream: its precise entries may be stale
                 cached[w] = max(cached.get(w, 0), held)
         cached = {w: min(t, tokens) for w, t in cached.items()}
         return {"tokens": tokens, "cached": cached, "hashes": hashes, "chars": len(text)}
@@ -605,6 +630,10 @@ class Gateway:
             self.approx.record(model.name, hashes, plan.decode, now)
             if plan.prefill:
                 self.approx.record(model.name, hashes, plan.prefill, now)
+        if self.subscriber is not None and prompt["tokens"] - plan.cached_tokens >= \
+                model.block_size:
+            # At least one uncached block: the engine will store it and publish an event.
+            self.subscriber.expect_events(plan.prefill or plan.decode)
         self.metrics.prefix_hit_tokens.labels(model.name).inc(plan.cached_tokens)
         self.metrics.prompt_tokens.labels(model.name).inc(prompt["tokens"])
 

@@ -38,6 +38,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pull-interval", dest="pull_interval_s", type=float)
     p.add_argument("--request-timeout", dest="request_timeout_s", type=float)
     p.add_argument("--no-kv-events", dest="kv_events", action="store_const", const=False)
+    p.add_argument("--kv-stall", dest="kv_stall_s", type=float,
+                   help="seconds without KV events after work was sent before a worker's "
+                   "stream counts as stalled (default 15)")
     p.add_argument("--tokenize-via-engine", dest="tokenize_via_engine", action="store_const",
                    const=True, help="tokenise text prompts with a worker's /tokenize for exact "
                    "prefix matching against KV events")

@@ -39,6 +39,9 @@ class GatewayConfig:
     # Prefix index.
     approx_ttl_s: float = 120.0
     kv_events: bool = True
+    # A worker whose KV-event stream stays silent this long after it was sent uncached
+    # prompt blocks is "stalled": routed on the approximate index until events come back.
+    kv_stall_s: float = 15.0
     tokenize_via_engine: bool = False
     seed: int | None = None
     log_level: str = "WARNING"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
@@ -78,3 +79,44 @@ class GatewayMetrics:
             "pdplane_gateway_estimated_prompt_tokens", "Prompt tokens (estimated) routed",
             ["model"], registry=r,
         )
+        self._kv_collector = _KvStreamCollector({})
+        r.register(self._kv_collector)
+
+    def watch_kv_streams(self, streams: dict) -> None:
+        """Export the KV-event streams' state (worker id → kvstream.KvStream) at scrape
+        time: nothing is counted per event or per request."""
+        self._kv_collector.streams = streams
+
+
+class _KvStreamCollector:
+    COUNTERS = (("restarts", "Engine restarts seen (sequence went back): blocks dropped"),
+                ("strays", "Stray frames with an implausible sequence jump, ignored"),
+                ("jumps", "Confirmed sequence jumps beyond any replay buffer: started over"),
+                ("lost", "Batches lost (not recoverable by replay)"),
+                ("replayed_batches", "Batches recovered by replay"),
+                ("stalls", "Times the stream was marked stalled"),
+                ("decode_errors", "Undecodable frames or payloads"))
+
+    def __init__(self, streams: dict):
+        self.streams = streams
+
+    def collect(self):
+        stalled = GaugeMetricFamily(
+            "pdplane_gateway_kv_stream_stalled",
+            "1 while a worker's KV-event stream is stalled and the gateway routes it on the "
+            "approximate index", labels=["worker", "reason"])
+        complete = GaugeMetricFamily(
+            "pdplane_gateway_kv_stream_complete",
+            "1 when the stream was followed from sequence 0 (the index is the whole cache)",
+            labels=["worker"])
+        counters = {name: CounterMetricFamily(f"pdplane_gateway_kv_stream_{name}", doc,
+                                              labels=["worker"])
+                    for name, doc in self.COUNTERS}
+        for worker, stream in list(self.streams.items()):
+            stalled.add_metric([worker, stream.stall_reason], 1.0 if stream.stalled else 0.0)
+            complete.add_metric([worker], 1.0 if stream.complete else 0.0)
+            for name, family in counters.items():
+                family.add_metric([worker], getattr(stream, name))
+        yield stalled
+        yield complete
+        yield from counters.values()

@@ -10,9 +10,8 @@
   chained hash (engine hashes depend on an algorithm and seed we cannot rely on), so a
   request whose token ids are known (prompt given as ids, or tokenised by the engine's
   /tokenize) is matched exactly, and evictions are seen as they happen.
-- :func:`decode_event_batch` reads vLLM's wire format: 0.32's ``[ts, [event maps],
-  dp_rank]`` and the older per-event arrays, plus map-encoded batches. Unknown event types
-  and fields are skipped, never fatal.
+- KV events are decoded by :mod:`workers_agent.kvstream` (every wire variant), re-exported
+  here.
 """
 
 from __future__ import annotations
@@ -21,10 +20,16 @@ import hashlib
 import struct
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import msgpack
+from workers_agent.kvstream import (  # noqa: F401 - re-exported for the gateway's callers
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KvEvent,
+    KvEventDecodeError,
+    decode_event_batch,
+)
 
 CHARS_PER_TOKEN = 4.0
 ROOT = b"pdplane-prefix-v1"
@@ -221,104 +226,7 @@ class ApproxPrefixIndex:
             del self._entries[key]
 
 
-# --- KV events -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class BlockStored:
-    block_hashes: tuple
-    parent_block_hash: Any
-    token_ids: tuple[int, ...]
-    block_size: int
-
-
-@dataclass(frozen=True)
-class BlockRemoved:
-    block_hashes: tuple
-
-
-@dataclass(frozen=True)
-class AllBlocksCleared:
-    pass
-
-
-KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
-
-
-class KvEventDecodeError(ValueError):
-    pass
-
-
-def _hashable(value: Any) -> Any:
-    if isinstance(value, list):
-        return tuple(_hashable(v) for v in value)
-    return value
-
-
-def _event_from_map(ev: dict) -> KvEvent | None:
-    kind = ev.get("type")
-    if kind == "BlockStored":
-        return BlockStored(
-            tuple(_hashable(h) for h in ev.get("block_hashes") or ()),
-            _hashable(ev.get("parent_block_hash")),
-            tuple(int(t) for t in ev.get("token_ids") or ()),
-            int(ev.get("block_size") or 0),
-        )
-    if kind == "BlockRemoved":
-        return BlockRemoved(tuple(_hashable(h) for h in ev.get("block_hashes") or ()))
-    if kind == "AllBlocksCleared":
-        return AllBlocksCleared()
-    return None
-
-
-def _event_from_array(ev: Sequence) -> KvEvent | None:
-    kind = ev[0] if ev else None
-    if isinstance(kind, bytes):
-        kind = kind.decode("utf-8", "replace")
-    if kind == "BlockStored" and len(ev) >= 5:
-        return BlockStored(
-            tuple(_hashable(h) for h in ev[1] or ()),
-            _hashable(ev[2]),
-            tuple(int(t) for t in ev[3] or ()),
-            int(ev[4] or 0),
-        )
-    if kind == "BlockRemoved" and len(ev) >= 2:
-        return BlockRemoved(tuple(_hashable(h) for h in ev[1] or ()))
-    if kind == "AllBlocksCleared":
-        return AllBlocksCleared()
-    return None
-
-
-def decode_event_batch(payload: bytes) -> tuple[float | None, list[KvEvent]]:
-    """(timestamp, events) from one msgpack payload. Raises KvEventDecodeError only when
-    the payload is not a batch at all; bad single events are skipped."""
-    try:
-        batch = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    except Exception as exc:  # msgpack raises several types
-        raise KvEventDecodeError(f"not msgpack: {exc}") from exc
-    if isinstance(batch, dict):
-        ts, raw_events = batch.get("ts"), batch.get("events")
-    elif isinstance(batch, list | tuple) and len(batch) >= 2:
-        ts, raw_events = batch[0], batch[1]
-    else:
-        raise KvEventDecodeError("payload is not an event batch")
-    if not isinstance(raw_events, list | tuple):
-        raise KvEventDecodeError("batch has no event list")
-    events: list[KvEvent] = []
-    for raw in raw_events:
-        try:
-            if isinstance(raw, dict):
-                event = _event_from_map(raw)
-            elif isinstance(raw, list | tuple):
-                event = _event_from_array(raw)
-            else:
-                event = None
-        except (TypeError, ValueError):
-            event = None
-        if event is not None:
-            events.append(event)
-    return (float(ts) if isinstance(ts, int | float) else None), events
-
+# --- KV events: decoded by the one stream module (shared with the agent) --------------
 
 class PreciseIndex:
     """Worker holdings from KV events, keyed by our own chained hash of token ids."""

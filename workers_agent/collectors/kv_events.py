@@ -1,4 +1,6 @@
-"""KV-cache event subscriber for vLLM's ZMQ publisher (and the simulator's).
+"""KV-cache event subscriber for vLLM's ZMQ publisher (and the simulator's): the agent's
+thread driver around the one stream module, :mod:`workers_agent.kvstream` (decoding and
+sequence rules: gaps → replay, engine restart, stray huge sequence numbers, stalls).
 
 Usage as a plain class::
 
@@ -8,16 +10,8 @@ Usage as a plain class::
     sub.stats()                 # {"blocks", "digest", "last_seq", "gaps", "replayed", ...}
     sub.stop()
 
-Wire format (ENGINES.md): three frames — topic, 8-byte big-endian sequence number,
-msgpack payload. The payload is a batch, either ``[ts, events, dp_rank]`` or a map
-``{"ts", "events", "data_parallel_rank"}``; each event is either a map with ``"type"``
-(vLLM ≥ 0.3x) or an array with the tag first (older vLLM). Unknown event types, unknown
-fields and undecodable payloads are counted and skipped — never fatal.
-
-A jump in sequence numbers is a gap: the subscriber asks the replay socket (ROUTER; we
-talk to it with a DEALER, sending ``[b"", start_seq]``) for the missing batches, which
-come back as ``[b"", seq, payload]`` (or with a topic frame first) and end with seq −1.
-What the publisher no longer buffers is counted as ``lost``.
+Replay: the subscriber talks to the publisher's ROUTER with a DEALER, sending
+``[b"", start_seq]``; answers come back as ``[b"", seq, payload]`` and end with seq −1.
 """
 
 from __future__ import annotations
@@ -28,55 +22,37 @@ import threading
 import time
 from typing import Any
 
-import msgpack
 import zmq
+
+from workers_agent.kvstream import (
+    END_SEQ,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KvEvent,
+    KvStream,
+    Replay,
+    decode_batch,
+    decode_event,
+    live_frame,
+    replay_frame,
+    replay_request,
+)
 
 log = logging.getLogger(__name__)
 
-END_SEQ = -1
 GPU_MEDIA = (None, "GPU", "gpu", "cuda", "CUDA")
 
-# Field order of the array-encoded (older) events, after the tag.
-ARRAY_FIELDS = {
-    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size",
-                    "lora_id", "medium"),
-    "BlockRemoved": ("block_hashes", "medium"),
-    "AllBlocksCleared": (),
-}
+
+def decode_events(payload: bytes) -> list[KvEvent | None]:
+    """The events of one batch, ``None`` for each one not understood (counted by
+    :class:`KVBlockState`). Raises ValueError when the payload is not a batch at all."""
+    batch = decode_batch(payload)
+    return [*batch.events, *([None] * batch.unknown)]
 
 
-def decode_events(payload: bytes) -> list[dict]:
-    """Decode one batch into event maps ``{"type": …, field: …}``.
-
-    Raises ValueError when the payload is not a batch at all; events that are not
-    understood come back as ``{"type": "<unknown>", …}`` for the caller to count.
-    """
-    try:
-        batch = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    except Exception as exc:
-        raise ValueError(f"undecodable msgpack: {exc}") from None
-    if isinstance(batch, dict):
-        events = batch.get("events")
-    elif isinstance(batch, list | tuple) and len(batch) >= 2:
-        events = batch[1]
-    else:
-        raise ValueError("batch is neither an array nor a map")
-    if not isinstance(events, list | tuple):
-        raise ValueError("batch has no event list")
-    return [normalise_event(e) for e in events]
-
-
-def normalise_event(event: Any) -> dict:
-    if isinstance(event, dict):
-        kind = event.get("type") or event.get("_type") or "<unknown>"
-        return {**event, "type": kind if isinstance(kind, str) else "<unknown>"}
-    if isinstance(event, list | tuple) and event and isinstance(event[0], str):
-        kind = event[0]
-        names = ARRAY_FIELDS.get(kind)
-        if names is None:
-            return {"type": kind}
-        return {"type": kind, **dict(zip(names, event[1:], strict=False))}
-    return {"type": "<unknown>"}
+def normalise_event(event: Any) -> KvEvent | None:
+    return decode_event(event)
 
 
 def _hash64(block_hash: Any) -> int:
@@ -92,7 +68,7 @@ def _hash64(block_hash: Any) -> int:
 
 
 class KVBlockState:
-    """Blocks an engine holds, from its events (pure; no sockets)."""
+    """Blocks an engine holds, from its events (pure; no sockets). A :mod:`kvstream` sink."""
 
     def __init__(self):
         self.blocks: set[int] = set()
@@ -103,28 +79,28 @@ class KVBlockState:
         self.cleared = 0
         self.unknown_events = 0
 
-    def apply(self, event: dict) -> None:
-        kind = event.get("type")
-        if kind == "BlockStored":
+    def apply(self, event: Any) -> None:
+        """One event: decoded, or in any wire shape (map / array); unknown ones counted."""
+        if isinstance(event, dict | list | tuple):
+            event = decode_event(event)
+        if isinstance(event, BlockStored):
             self.stored_events += 1
-            self._each(event, add=True)
-        elif kind == "BlockRemoved":
+            self._each(event.block_hashes, event.medium, add=True)
+        elif isinstance(event, BlockRemoved):
             self.removed_events += 1
-            self._each(event, add=False)
-        elif kind == "AllBlocksCleared":
+            self._each(event.block_hashes, event.medium, add=False)
+        elif isinstance(event, AllBlocksCleared):
             self.cleared += 1
-            self.blocks.clear()
-            self.other_media.clear()
-            self.digest = 0
+            self.reset()
         else:
             self.unknown_events += 1
 
-    def _each(self, event: dict, add: bool) -> None:
-        hashes = event.get("block_hashes") or []
-        if not isinstance(hashes, list | tuple):
-            self.unknown_events += 1
-            return
-        medium = event.get("medium")
+    def reset(self) -> None:
+        self.blocks.clear()
+        self.other_media.clear()
+        self.digest = 0
+
+    def _each(self, hashes: tuple, medium: str | None, add: bool) -> None:
         if medium not in GPU_MEDIA:
             key = str(medium)
             self.other_media[key] = max(0, self.other_media.get(key, 0) + (len(hashes) if add
@@ -140,37 +116,51 @@ class KVBlockState:
                 self.digest ^= h
 
 
+class _LockedSink:
+    """Applies a batch to the subscriber's current state (swapped on restart)."""
+
+    def __init__(self, owner: KVEventSubscriber):
+        self.owner = owner
+
+    def apply(self, events: list[KvEvent]) -> None:
+        for event in events:
+            self.owner.state.apply(event)
+
+    def reset(self) -> None:
+        unknown = self.owner.state.unknown_events
+        self.owner.state = KVBlockState()
+        self.owner.state.unknown_events = unknown
+
+
 class KVEventSubscriber:
     def __init__(self, endpoint: str, replay_endpoint: str | None = None, *, topic: str = "",
                  replay_timeout_s: float = 1.0, replay_on_start: bool = True,
-                 tail_check_s: float = 2.0, context: zmq.Context | None = None):
+                 tail_check_s: float = 2.0, probe_interval_s: float = 10.0,
+                 context: zmq.Context | None = None):
         self.endpoint = endpoint
         self.replay_endpoint = replay_endpoint or None
         self.topic = topic
         self.replay_timeout_s = replay_timeout_s
-        self.replay_on_start = replay_on_start
-        # A dropped *last* batch shows no gap until the next one arrives; when the stream
-        # has been quiet this long, ask the replay socket whether anything was missed.
-        self.tail_check_s = tail_check_s
-        self._last_activity = time.monotonic()
-        self._tail_checked = True
         self.ctx = context or zmq.Context.instance()
         self.state = KVBlockState()
-        self.last_seq: int | None = None
-        self.batches = 0
-        self.gaps = 0
-        self.replayed = 0
-        self.lost = 0
-        self.decode_errors = 0
-        self.restarts = 0
-        self.last_event_at: float | None = None
-        # True once the stream was followed from seq 0 (directly or by replay): only then
-        # is the block set the engine's whole cache, not just what happened since we joined.
-        self.complete = False
+        self.stream = KvStream(_LockedSink(self), can_replay=self.replay_endpoint is not None,
+                               replay_on_start=replay_on_start, tail_check_s=tail_check_s,
+                               probe_interval_s=probe_interval_s)
         self._lock = threading.Lock()
         self._sub: zmq.Socket | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+
+    # The stream's counters, under the names reports and agent metrics use.
+    last_seq = property(lambda self: self.stream.last_seq)
+    batches = property(lambda self: self.stream.batches)
+    gaps = property(lambda self: self.stream.gaps)
+    replayed = property(lambda self: self.stream.replayed_batches)
+    lost = property(lambda self: self.stream.lost)
+    decode_errors = property(lambda self: self.stream.decode_errors)
+    restarts = property(lambda self: self.stream.restarts)
+    complete = property(lambda self: self.stream.complete)
+    last_event_at = property(lambda self: self.stream.last_event_at)
 
     # ------------------------------------------------------------------ sockets
 
@@ -205,7 +195,7 @@ class KVEventSubscriber:
         while not self._stop.is_set():
             try:
                 if not self.poll(100):
-                    self.check_tail()
+                    self._run_replay(self.stream.due_replay())
             except Exception:  # never let the thread die: log, back off, go on
                 log.exception("KV event subscriber %s failed; continuing", self.endpoint)
                 time.sleep(0.5)
@@ -227,104 +217,61 @@ class KVEventSubscriber:
     def check_tail(self, force: bool = False) -> int:
         """After a quiet spell, fetch batches published after the last one seen (lost
         tail). Returns how many were recovered."""
-        if self.replay_endpoint is None or self.last_seq is None or self._tail_checked:
-            return 0
-        if not force and time.monotonic() - self._last_activity < self.tail_check_s:
-            return 0
-        self._tail_checked = True
-        got = self._replay(self.last_seq + 1, None)
-        if got:
-            with self._lock:
-                self.gaps += 1
-        return got
+        if force:
+            self.stream._tail_checked = False
+            self.stream._last_frame_at = -float("inf")
+        return self._run_replay(self.stream.due_replay())
 
     # ------------------------------------------------------------------ messages
 
     def handle_frames(self, frames: list[bytes]) -> None:
-        if len(frames) < 3 or len(frames[-2]) != 8:
+        parsed = live_frame(frames)
+        if parsed is None:
             with self._lock:
-                self.decode_errors += 1
+                self.stream.decode_errors += 1
             return
-        seq = int.from_bytes(frames[-2], "big", signed=True)
-        self.handle_batch(seq, frames[-1])
+        self.handle_batch(*parsed)
 
     def handle_batch(self, seq: int, payload: bytes) -> None:
-        self._last_activity = time.monotonic()
-        self._tail_checked = False
-        last = self.last_seq
-        if last is None:
-            if seq > 0 and self.replay_on_start and self.replay_endpoint:
-                self._replay(0, seq)
-        elif seq <= last:
-            if seq == 0 and last > 0:  # publisher restarted (engine restart): start over
-                with self._lock:
-                    self.restarts += 1
-                    self.state = KVBlockState()
-            else:
-                return  # duplicate (already applied via replay)
-        elif seq > last + 1:
-            with self._lock:
-                self.gaps += 1
-            missing = seq - last - 1
-            got = self._replay(last + 1, seq) if self.replay_endpoint else 0
-            with self._lock:
-                self.lost += max(0, missing - got)
-        self._apply(seq, payload)
-
-    def _apply(self, seq: int, payload: bytes) -> bool:
-        try:
-            events = decode_events(payload)
-        except ValueError as exc:
-            with self._lock:
-                self.decode_errors += 1
-                self.last_seq = seq
-            log.debug("KV batch %d from %s undecodable: %s", seq, self.endpoint, exc)
-            return False
         with self._lock:
-            for event in events:
-                self.state.apply(event)
-            if seq == 0 or any(e.get("type") == "AllBlocksCleared" for e in events):
-                self.complete = True
-            self.last_seq = seq
-            self.batches += 1
-            self.last_event_at = time.time()
-        return True
+            replay = self.stream.receive(seq, payload)
+        self._run_replay(replay)
 
-    def _replay(self, start: int, stop: int | None) -> int:
-        """Fetch and apply batches ``start <= seq < stop`` (no upper bound when ``stop`` is
-        None); returns how many were applied."""
+    def _run_replay(self, replay: Replay | None) -> int:
+        """Fetch and apply the batches ``replay`` asks for (and any follow-up the stream
+        asks for); returns how many were applied."""
+        applied = 0
+        while replay is not None:
+            got, replay = self._replay_once(replay)
+            applied += got
+        return applied
+
+    def _replay_once(self, replay: Replay) -> tuple[int, Replay | None]:
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
-        applied = 0
+        applied, answered = 0, False
         try:
             sock.connect(self.replay_endpoint)
-            sock.send_multipart([b"", start.to_bytes(8, "big")])
-            deadline = time.monotonic() + self.replay_timeout_s
+            sock.send_multipart(replay_request(replay.start))
             while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not sock.poll(int(remaining * 1000) + 1):
+                # An idle timeout, not a total one: a long buffer may take a while to stream.
+                if not sock.poll(int(self.replay_timeout_s * 1000) + 1):
                     log.warning("KV replay from %s timed out", self.replay_endpoint)
                     break
-                frames = sock.recv_multipart()
-                # An idle timeout, not a total one: a long buffer may take a while to stream.
-                deadline = time.monotonic() + self.replay_timeout_s
-                if frames and frames[0] == b"":
-                    frames = frames[1:]
-                if len(frames) < 2 or len(frames[-2]) != 8:
+                answered = True
+                parsed = replay_frame(sock.recv_multipart())
+                if parsed is None:
                     continue
-                seq = int.from_bytes(frames[-2], "big", signed=True)
-                if seq == END_SEQ or not frames[-1]:
+                if parsed[0] == END_SEQ:
                     break
-                last = self.last_seq if self.last_seq is not None else -1
-                if seq > last and (stop is None or seq < stop) and self._apply(seq, frames[-1]):
-                    applied += 1
+                with self._lock:
+                    applied += self.stream.replayed(*parsed)
         except zmq.ZMQError as exc:
             log.warning("KV replay from %s failed: %s", self.replay_endpoint, exc)
         finally:
             sock.close(linger=0)
         with self._lock:
-            self.replayed += applied
-        return applied
+            return applied, self.stream.replay_done(answered)
 
     # ------------------------------------------------------------------ read side
 
@@ -338,14 +285,18 @@ class KVEventSubscriber:
     def stats(self) -> dict:
         """The compact per-engine summary sent in reports (``kv_events``)."""
         with self._lock:
+            s = self.stream
             return {
                 "blocks": len(self.state.blocks),
                 "digest": f"{self.state.digest:016x}",
-                "last_seq": -1 if self.last_seq is None else self.last_seq,
-                "gaps": self.gaps,
-                "replayed": self.replayed,
-                "lost": self.lost,
-                "unknown_events": self.state.unknown_events,
-                "decode_errors": self.decode_errors,
-                "complete": self.complete,
+                "last_seq": -1 if s.last_seq is None else s.last_seq,
+                "gaps": s.gaps,
+                "replayed": s.replayed_batches,
+                "lost": s.lost,
+                "unknown_events": self.state.unknown_events + s.unknown_events,
+                "decode_errors": s.decode_errors,
+                "restarts": s.restarts,
+                "strays": s.strays,
+                "complete": s.complete,
+                "stalled": s.stalled,
             }
