@@ -555,6 +555,7 @@ class Prediction:
     capacity_rps: float = 0.0  # rate at which the busiest stage saturates (rate ÷ utilisation)
     overloaded: bool = False
     fits: bool = True  # weights fit the worker
+    n_both: int = 0  # workers serving whole requests in place beside a split (mid-move)
 
     @property
     def meets_slo(self) -> bool:
@@ -606,6 +607,52 @@ def _p_within(value: float, target: float) -> float:
 
 def layout_name(n_prefill: int, n_decode: int) -> str:
     return "aggregated" if n_prefill == 0 else f"{n_prefill}P:{n_decode}D"
+
+
+def combine_pools(
+    layout: str, n_prefill: int, n_decode: int, n_both: int, rate_rps: float,
+    parts: list[tuple[float, Prediction]],
+) -> Prediction:
+    """One prediction for a fleet whose traffic splits over pools that do not share work,
+    e.g. mid-move: 'both' workers serving whole requests in place (an aggregated pool) beside
+    a P:D split. ``parts`` are (share of the traffic, the pool's prediction at that share).
+    Goodput adds up; the tails are the worst tail of any pool carrying ≥ 5 % of requests
+    (a p95 of a mixture is at most the largest p95 of its parts); the fleet saturates when
+    its first pool does."""
+    live = [(s, p) for s, p in parts if s > 0]
+    tails = [p for s, p in live if s >= 0.05] or [p for _s, p in live]
+    goodput = sum(p.goodput_rps for _s, p in live)
+    caps = [p.capacity_rps / s for s, p in live if s > 0]
+    busiest = max(live, key=lambda sp: sp[1].utilisation)[1] if live else None
+
+    def worst(attr: str) -> float:
+        return max((getattr(p, attr) for p in tails), default=0.0)
+
+    def mean(attr: str) -> float:
+        return sum(s * getattr(p, attr) for s, p in live)
+
+    return Prediction(
+        layout=layout, n_prefill=n_prefill, n_decode=n_decode, n_both=n_both,
+        rate_rps=rate_rps,
+        ttft_p95_s=worst("ttft_p95_s"), itl_p95_s=worst("itl_p95_s"),
+        itl_mean_s=mean("itl_mean_s"), prefill_s=worst("prefill_s"),
+        queue_p95_s=worst("queue_p95_s"), transfer_s=worst("transfer_s"),
+        transfer_mean_s=mean("transfer_mean_s"), decode_batch=mean("decode_batch"),
+        kv_capacity_seqs=sum(p.kv_capacity_seqs for _s, p in live),
+        kv_used=max((p.kv_used for _s, p in live), default=0.0),
+        utilisation=busiest.utilisation if busiest else 0.0,
+        bottleneck=busiest.bottleneck if busiest else "",
+        attainment=_clamp(goodput / rate_rps, 0.0, 1.0) if rate_rps > 0 else 0.0,
+        goodput_rps=goodput, gpus=sum(p.gpus for _s, p in parts),
+        mixed_step_share=max((p.mixed_step_share for _s, p in live), default=0.0),
+        chunk_s=max((p.chunk_s for _s, p in live), default=0.0),
+        network_share=max((p.network_share for _s, p in live), default=0.0),
+        network_link=next((p.network_link for _s, p in live if p.network_link), ""),
+        transfer_bytes=max((p.transfer_bytes for _s, p in live), default=0.0),
+        capacity_rps=min(caps) if caps else math.inf,
+        overloaded=any(p.overloaded for _s, p in live),
+        fits=all(p.fits for _s, p in parts),
+    )
 
 
 def _overloaded(

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
     from .costmodel import Prediction
-    from .planner import ModelDecision, ModelInput
+    from .planner import ModelDecision
 
 
 def secs(s: float | None) -> str:
@@ -50,18 +50,18 @@ def _util(u: float) -> str:
     return "∞" if math.isinf(u) else f"{u:.0%}"
 
 
-def _arithmetic(p: Prediction, inp: ModelInput, ttft_budget: float) -> list[str]:
+def _arithmetic(p: Prediction, isl_mean: float, ttft_budget: float) -> list[str]:
     """The figures that usually decide: interference when aggregated, transfer when split."""
     out = []
     if p.n_prefill == 0 and p.chunk_s > 0:
         out.append(
-            f"aggregated, prefill chunks of {inp.params.chunk_tokens:,} tokens add "
-            f"{secs(p.chunk_s)} to {p.mixed_step_share:.0%} of decode steps"
+            f"aggregated, prefill chunks add {secs(p.chunk_s)} to "
+            f"{p.mixed_step_share:.0%} of decode steps"
         )
     if p.n_prefill > 0 and p.transfer_bytes > 0:
         link = p.network_link if p.network_share > 0.05 else "local links (NVLink/PCIe)"
         out.append(
-            f"transfer of a {inp.load.isl_mean:,.0f}-token prompt ({gbytes(p.transfer_bytes)}) "
+            f"transfer of a {isl_mean:,.0f}-token prompt ({gbytes(p.transfer_bytes)}) "
             f"over {link} takes {secs(p.transfer_s)} of a {secs(ttft_budget)} TTFT budget"
             + (
                 f" ({p.network_share:.0%} of transfers cross nodes)"
@@ -72,90 +72,129 @@ def _arithmetic(p: Prediction, inp: ModelInput, ttft_budget: float) -> list[str]
     return out
 
 
-def explain_decision(d: ModelDecision, inp: ModelInput) -> str:
-    pol = inp.policy
-    load = inp.load
-    n = len(inp.workers)
+_HOLDS = {
+    "no-workers": "no workers to plan",
+    "rebalancing-off": "rebalancing is off for this model",
+    "change-in-progress": "a role change is still draining; planning resumes after it",
+}
+
+
+def _score(t: tuple) -> str:
+    if not t:
+        return "?"
+    now, plan = t[0], t[1]
+    return f"{now:.0%} now / {'n/a' if plan < 0 else f'{plan:.0%}'} planned"
+
+
+def explain_decision(d: ModelDecision) -> str:
+    """Render the decision record (``d.record``) as text; every clause comes from a verdict
+    the planner returned, so the text cannot claim what the code did not do."""
+    rec = d.record
+    obs = rec.observation if rec else None
+    if rec is None or obs is None:
+        return f"{d.model}: no change ({d.reason})."
     head = (
-        f"{d.model} on {n} worker(s) ({inp.shape.gpu.name}, TP{inp.shape.tp}): "
-        f"{rate(load.rate_rps)} now, planning for {rate(d.plan_rate_rps)}; "
-        f"prompts {load.isl_mean:,.0f} tokens ({load.prefix_hit:.0%} cached), answers "
-        f"{load.osl_mean:,.0f}; targets TTFT p95 {secs(pol.ttft_p95_ms / 1000)}, "
-        f"ITL p95 {secs(pol.itl_p95_ms / 1000)}."
+        f"{d.model} on {obs.workers} worker(s) ({obs.gpu}, TP{obs.tp}), {rec.label}: "
+        f"{rate(obs.rate_rps)} now, planning for {rate(obs.plan_rate_rps)}; "
+        f"prompts {obs.isl_mean:,.0f} tokens"
+        + (f" (p95 {obs.isl_p95:,.0f})" if obs.isl_p95 else "")
+        + f" ({obs.prefix_hit:.0%} cached), answers {obs.osl_mean:,.0f}; targets TTFT p95 "
+        f"{secs(obs.ttft_target_ms / 1000)}, ITL p95 {secs(obs.itl_target_ms / 1000)}."
     )
-    holds = {
-        "no-workers": "no workers to plan",
-        "rebalancing-off": "rebalancing is off for this model",
-        "fail-static": "fail-static — " + "; ".join(d.notes),
-        "change-in-progress": "a role change is still draining; planning resumes after it",
-    }
-    if d.reason in holds:
-        return f"{head} No change: {holds[d.reason]}."
+    if d.reason == "fail-static":
+        return f"{head} No change: fail-static — " + "; ".join(d.notes) + "."
+    if d.reason in _HOLDS:
+        return f"{head} No change: {_HOLDS[d.reason]}."
     lines = [head]
+    cv, ch, gv, sv = rec.candidates, rec.choice, rec.gate, rec.step
     cur, tgt = d.current, d.target
     if cur is not None:
         lines.append("Now " + describe_prediction(cur) + ".")
     if tgt is not None and cur is not None and tgt.layout != cur.layout:
         lines.append("Best " + describe_prediction(tgt) + ".")
-    budget = pol.ttft_p95_ms / 1000
+    budget = obs.ttft_target_ms / 1000
     facts = []
     for p in (cur, tgt):
         if p is not None:
-            facts.extend(_arithmetic(p, inp, budget))
-    agg = next((c for c in d.candidates if c.n_prefill == 0), None)
-    split = tgt if tgt is not None and tgt.n_prefill > 0 else None
+            facts.extend(_arithmetic(p, obs.isl_mean, budget))
+    cands = cv.candidates if cv else []
+    agg = next((c for c in cands if c.n_prefill == 0), None)
+    split = tgt if tgt is not None and tgt.n_prefill > 0 and tgt.n_both == 0 else None
     if split is None:
         split = max(
-            (c for c in d.candidates if c.n_prefill > 0),
+            (c for c in cands if c.n_prefill > 0),
             key=lambda c: (c.goodput_rps, -c.n_prefill),
             default=None,
         )
     if split is not None and agg is not None:
-        peak = max(load.inflight_peak, load.inflight)
         facts.append(
             f"decode KV would hold {split.kv_capacity_seqs:,} sequences split "
-            f"({split.layout}) vs {agg.kv_capacity_seqs:,} aggregated; in-flight peak {peak:,}"
+            f"({split.layout}) vs {agg.kv_capacity_seqs:,} aggregated; in-flight peak "
+            f"{obs.inflight_peak:,}"
         )
         if split is not tgt and split.transfer_bytes > 0:
-            facts.extend(_arithmetic(split, inp, budget))
+            facts.extend(_arithmetic(split, obs.isl_mean, budget))
     seen = set()
     facts = [f for f in facts if not (f in seen or seen.add(f))]
     if facts:
         lines.append("; ".join(facts) + ".")
     for layout, why in sorted(d.rejected.items())[:3]:
         lines.append(f"Ruled out {layout}: {why}.")
-    verdict = {
-        "no-traffic": "no traffic: nothing to gain, keeping the current layout",
-        "no-feasible-layout": "no layout fits the policy and the sequences in flight; keeping",
-        "current-is-best": f"→ stay {cur.layout if cur else 'as is'}",
-        "within-hysteresis": (
-            f"→ stay {cur.layout if cur else 'as is'}: the gain of "
-            f"{tgt.layout if tgt else '?'} ({rate(tgt.goodput_rps if tgt else 0)} vs "
-            f"{rate(cur.goodput_rps if cur else 0)}) does not clear the "
-            f"{pol.hysteresis:.0%} hysteresis"
-        ),
-        "workers-not-eligible": "→ change wanted, but no worker may change yet",
-        "step-breaks-kv": "→ hold: the next step would leave too little decode KV",
-    }
+    if ch is not None and tgt is not None:
+        lines.append(f"Binding constraint of {tgt.layout}: {tgt.bottleneck}.")
+    lines.append(_verdict(d, obs, gv, sv, ch))
+    lines.extend(note.rstrip(".") + "." for note in d.notes)
+    return " ".join(x for x in lines if x)
+
+
+def _verdict(d, obs, gv, sv, ch) -> str:
+    cur, tgt = d.current, d.target
+    here = obs.layout.label()
+    h = gv.hysteresis if gv else 0.0
     if d.action == "change":
         moves = ", ".join(f"{c.worker} {c.from_role}→{c.to_role}" for c in d.changes)
         if d.reason == "complete-layout":
-            moves = ", ".join(f"{c.worker} {c.from_role}→{c.to_role}" for c in d.changes)
-            lines.append(f"→ finish the {cur.layout if cur else ''} layout: {moves}.")
-            lines.extend(note.rstrip(".") + "." for note in d.notes)
-            return " ".join(lines)
-        why = "policy bounds require it" if d.reason == "policy-bound" else (
-            f"predicted goodput {rate(tgt.goodput_rps)} vs {rate(cur.goodput_rps)} now"
-            if tgt and cur
-            else ""
-        )
-        lines.append(f"→ move toward {tgt.layout if tgt else '?'} ({why}): {moves}.")
-        if d.overload:
-            lines.append(explain_overload(d.overload, pol.overload_change_share))
-    elif d.reason in verdict:
-        lines.append(verdict[d.reason] + ".")
-    lines.extend(note.rstrip(".") + "." for note in d.notes)
-    return " ".join(lines)
+            return f"→ finish the {tgt.layout if tgt else ''} layout: {moves}."
+        if d.reason == "policy-bound":
+            why = "policy bounds require it"
+        elif d.reason == "continue-move":
+            why = (f"finish the move: {gv.detail}; score {_score(gv.target_score)} vs "
+                   f"{_score(gv.hold_score)} holding")
+        else:
+            why = (f"predicted goodput {rate(tgt.goodput_rps)} vs {rate(cur.goodput_rps)} now"
+                   if tgt and cur else "")
+            if d.reason == "roll-back":
+                why = f"roll back: the load moved {gv.load_shift:.0%} since the move; " + why
+        out = f"→ move toward {tgt.layout if tgt else '?'} ({why}): {moves}."
+        if sv is not None and sv.overload:
+            out += " " + explain_overload(sv.overload, sv.overload.get("share", 0.0))
+        return out
+    verdict = {
+        "no-traffic": "no traffic: nothing to gain, keeping the current layout",
+        "no-feasible-layout": "no layout fits the policy and the sequences in flight; keeping",
+        "current-is-best": f"→ stay {here}",
+        "within-hysteresis": (
+            f"→ stay {here}: the gain of {tgt.layout if tgt else '?'} "
+            f"({rate(tgt.goodput_rps if tgt else 0)} vs {rate(cur.goodput_rps if cur else 0)})"
+            f" does not clear the {h:.0%} hysteresis" + (
+                f" or {tgt.layout if tgt else '?'} scores no better than staying "
+                f"({_score(gv.target_score)} vs {_score(gv.hold_score)})"
+                if gv and gv.target_score and gv.target_score < gv.hold_score else "")
+        ),
+        "workers-not-eligible": "→ change wanted, but no worker may change yet",
+        "step-breaks-kv": "→ hold: the next step would leave too little decode KV",
+        "all-layouts-miss": (
+            f"→ hold {here}: every layout is predicted to miss the targets"
+            + (f" ({gv.detail}; the best, {ch.best_layout}, keeps "
+               f"{ch.best_attainment:.0%} within targets, limited by {ch.binding})"
+               if gv and ch else "")
+            + "; moving would only shuffle workers, so the planner holds and raises an alert"
+        ),
+        "dwell": f"→ stay {here}: no return within the dwell window — " + (
+            gv.detail if gv else ""),
+        "move-held": f"→ hold {here} mid-move: " + (gv.detail if gv else ""),
+    }
+    return verdict.get(d.reason, f"→ {d.action} ({d.reason})") + "."
 
 
 def explain_overload(o: dict, share: float) -> str:

@@ -15,11 +15,12 @@ from controlplane.policies.models import effective_policy_for
 from controlplane.telemetry import hotstate
 from controlplane.topology.models import Cluster, ServedModel
 
-from .calibration import Calibration
+from .calibration import CalibrationBook
 from .costmodel import DEFAULT_PARAMS, Link, ModelSpec, WorkerShape, gpu_profile_for
 from .models import OPEN_STATUSES, ModelPlannerState, Plan
 from .placement import NicInput, NodeLinks, WorkerInput
 from .planner import LoadInput, ModelInput
+from .record import MoveMemory
 
 log = logging.getLogger(__name__)
 
@@ -175,11 +176,20 @@ def gather_cluster(cluster: Cluster) -> ClusterInputs:
             measured_ttft_p95_ms=ttft * 1000.0 if ttft is not None else None,
             measured_itl_p95_ms=itl * 1000.0 if itl is not None else None,
         )
-        cal = Calibration(state.ttft_factor, state.itl_factor, state.calibration_samples)
+        # Factors of this window's workload bucket (a phase change switches buckets);
+        # a factor that wants out of [0.5, 2] is named in the record as a model error.
+        bucket, cal = CalibrationBook.from_dict(state.calibration).factors_for(
+            load.isl_mean, load.osl_mean)
+        notes = tuple(
+            f"model error: the {e['metric']} calibration factor wants {e['wanted']:.2f}, "
+            f"outside [0.5, 2] (held at {e['held_at']:g}) for workload bucket {bucket}"
+            for e in cal.model_errors()
+        )
         models.append(ModelInput(
             served_model_id=sm.pk, model=model_spec(sm), shape=WorkerShape(gpu, tp),
             workers=tuple(winputs), load=load, policy=policy, node_links=links,
             params=cal.apply(DEFAULT_PARAMS), change_in_progress=sm.pk in open_models,
+            memory=MoveMemory.from_dict(state.move_memory), notes=notes,
         ))
     return ClusterInputs(models, len(nodes), len(stale_nodes), measured, states, snap["at"])
 

@@ -41,6 +41,9 @@ class Plan(TimestampedModel):
     inputs = models.JSONField(default=dict, blank=True)
     predictions = models.JSONField(default=dict, blank=True)
     chosen = models.JSONField(default=dict, blank=True)
+    # The decision record: observe → predict → choose → gate → step, each verdict with its
+    # numbers (controlplane.planner.record); the explanation is rendered from it.
+    record = models.JSONField(default=dict, blank=True)
     diff = models.JSONField(default=list, blank=True)
     explanation = models.TextField(blank=True)
     decided_at = models.DateTimeField(null=True, blank=True)
@@ -79,6 +82,12 @@ class ModelPlannerState(TimestampedModel):
     last_explanation = models.TextField(blank=True)
     last_predictions = models.JSONField(default=dict, blank=True)
     last_inputs = models.JSONField(default=dict, blank=True)
+    last_record = models.JSONField(default=dict, blank=True)
+    # The last move (A → B, when, at which load): keeps a move under way one move and
+    # A → B → A out of the dwell window (controlplane.planner.record.MoveMemory).
+    move_memory = models.JSONField(default=dict, blank=True)
+    # Calibration per workload bucket and its model-error flags (calibration.py).
+    calibration = models.JSONField(default=dict, blank=True)
     ttft_factor = models.FloatField(default=1.0)
     itl_factor = models.FloatField(default=1.0)
     calibration_samples = models.PositiveIntegerField(default=0)

@@ -16,8 +16,9 @@ from controlplane.observability import metrics as obs
 from controlplane.topology.models import Cluster
 
 from . import apply
+from . import metrics as planner_metrics
 from .apply import PlanError
-from .calibration import Calibration, update
+from .calibration import CalibrationBook, LoadPoint
 from .inputs import gather_cluster
 from .models import Plan, PlanStatus
 from .planner import plan_cluster
@@ -66,18 +67,26 @@ def reject_plan(plan_id: int, user=None, reason: str = "") -> Plan:
 
 
 def _calibrate(state, decision, measured) -> None:
-    """Compare what was measured with what the model predicts for the current layout at the
-    current load, and move the factors (EWMA)."""
+    """Compare what was measured over this window with what the model predicts for the
+    layout as it is at this window's load, in this window's workload bucket (see
+    calibration.py: no comparison across a mix shift)."""
     pred = decision.current_now
-    if pred is None or pred.overloaded or pred.rate_rps <= 0:
+    rec = decision.record
+    obs = rec.observation if rec else None
+    if pred is None or obs is None or pred.overloaded or pred.rate_rps <= 0:
         return
     ttft, itl, _source = measured
-    cal = Calibration(state.ttft_factor, state.itl_factor, state.calibration_samples)
+    book = CalibrationBook.from_dict(state.calibration)
+    _key, cal = book.factors_for(obs.isl_mean, obs.osl_mean)
     raw_ttft = pred.ttft_p95_s / cal.ttft_factor if cal.ttft_factor else None
     raw_itl = pred.itl_p95_s / cal.itl_factor if cal.itl_factor else None
-    new = update(cal, raw_ttft, ttft, raw_itl, itl)
+    new = book.observe(LoadPoint(obs.rate_rps, obs.isl_mean, obs.osl_mean),
+                       raw_ttft, ttft, raw_itl, itl)
+    state.calibration = book.as_dict()
     state.ttft_factor, state.itl_factor = new.ttft_factor, new.itl_factor
     state.calibration_samples = new.samples
+    for err in new.model_errors():
+        planner_metrics.MODEL_ERRORS.labels(err["metric"]).inc()
 
 
 def run_planning(cluster: Cluster, now: float | None = None) -> list[Plan]:
@@ -100,8 +109,14 @@ def run_planning(cluster: Cluster, now: float | None = None) -> list[Plan]:
         state.last_explanation = d.explanation
         state.last_predictions = d.predictions_dict()
         state.last_inputs = inputs
+        record = d.record.as_dict() if d.record else {}
+        state.last_record = record
+        if d.memory is not None:
+            state.move_memory = d.memory.as_dict()
         state.save()
         obs.PLANS.labels(d.action).inc()
+        if d.record is not None and d.record.alert == "all-layouts-miss":
+            planner_metrics.ALL_LAYOUTS_MISS.inc()
         if d.action == "keep":
             # The planner no longer wants the change an older proposal asked for.
             Plan.objects.filter(
@@ -128,6 +143,7 @@ def run_planning(cluster: Cluster, now: float | None = None) -> list[Plan]:
                         "step": d.step.layout if d.step else "", "reason": d.reason},
                 diff=[{**c.as_dict(), "done": False} for c in d.changes],
                 explanation=d.explanation,
+                record=record,
             )
         created.append(plan)
         if mode == "auto":

@@ -133,7 +133,8 @@ def test_decode_kv_bound_means_no_extra_prefill():
     inp = model_input(workers, links, load, gpu="RTX PRO 6000", ttft_p95_ms=2500,
                       itl_p95_ms=200, kv_headroom=0.0)
     d = plan_model(inp, 0)
-    assert d.action == "keep"
+    # Every layout is predicted to miss here (aggregated's KV is 93 % full): hold, not move.
+    assert d.action in ("keep", "hold") and not d.changes
     assert d.rejected, "splits must be ruled out for KV"
     assert all("decode KV would hold" in why for why in d.rejected.values())
     assert "in-flight peak" in d.explanation
