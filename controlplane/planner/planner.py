@@ -36,24 +36,34 @@ from .costmodel import (
     Prediction,
     WorkerShape,
     Workload,
-    combine_pools,
-    predict_aggregated,
-    predict_split,
 )
 from .placement import NodeLinks, Topology, WorkerInput
 from .record import (
     RECORD_VERSION,
-    CandidateVerdict,
-    ChoiceVerdict,
     DecisionRecord,
-    GateVerdict,
     LayoutState,
     MoveMemory,
-    MoveProgress,
     Observation,
     StepVerdict,
 )
 from .stepping import eligible, roles_after, take_up_to, wanted_changes
+from .steps import (  # noqa: F401 - re-exported: the planner's public helpers
+    _kv_fits,
+    _origin,
+    _prefill_range,
+    choose,
+    current_prefill,
+    decision_score,
+    gate,
+    layout_state,
+    load_shift,
+    observe,
+    predict,
+    predict_candidates,
+    predict_layout,
+    share,
+    workload_for,
+)
 
 
 @dataclass(frozen=True)
@@ -166,378 +176,6 @@ class ClusterDecision:
     reason: str = ""
     stale_nodes: int = 0
     nodes: int = 0
-
-
-# --- Predictions --------------------------------------------------------------------------
-
-
-def workload_for(load: LoadInput, policy: EffectivePolicy, rate: float) -> Workload:
-    return Workload(
-        rate_rps=max(rate, 0.0),
-        isl_mean=max(load.isl_mean, 0.0),
-        osl_mean=max(load.osl_mean, 0.0),
-        prefix_hit=min(max(load.prefix_hit, 0.0), 1.0),
-        isl_p95=load.isl_p95,
-        ttft_slo_s=policy.ttft_p95_ms / 1000.0,
-        itl_slo_s=policy.itl_p95_ms / 1000.0,
-    )
-
-
-def current_prefill(workers: tuple[WorkerInput, ...] | list[WorkerInput]) -> int:
-    return sum(1 for w in workers if w.role == "prefill")
-
-
-def layout_state(workers, exclude_draining: bool = False) -> LayoutState:
-    n = {"prefill": 0, "decode": 0, "both": 0}
-    draining = 0
-    for w in workers:
-        if w.state == "draining":
-            draining += 1
-            if exclude_draining:
-                continue
-        n[w.role if w.role in n else "both"] += 1
-    return LayoutState(n["prefill"], n["decode"], n["both"], draining)
-
-
-def predict(
-    inp: ModelInput, n_prefill: int, w: Workload, topo: Topology | None = None
-) -> Prediction:
-    """Prediction for the clean layout with ``n_prefill`` prefill workers (0 = aggregated)."""
-    n = len(inp.workers)
-    if n_prefill <= 0:
-        return predict_aggregated(inp.model, inp.shape, n, w, inp.params)
-    topo = topo or Topology(list(inp.workers), inp.node_links)
-    return predict_split(
-        inp.model, inp.shape, n_prefill, n - n_prefill, w, topo.paths(n_prefill), inp.params
-    )
-
-
-def predict_layout(
-    inp: ModelInput, st: LayoutState, w: Workload, topo: Topology | None = None
-) -> Prediction:
-    """Prediction for roles as they are. 'both' workers serve whole requests in place: the
-    router sends each request to a decode-capable worker (decode or both) and a 'both' one
-    prefills it locally, so they form an aggregated pool carrying both ÷ (decode + both) of
-    the traffic beside the P:D split; with no pure decode worker the prefill pool idles."""
-    p, d, b = st.prefill, st.decode, st.both
-    if p == 0 or d + b == 0:
-        pred = predict_aggregated(inp.model, inp.shape, max(p + d + b, 1), w, inp.params)
-        return pred if p + d + b else replace(pred, goodput_rps=0.0, attainment=0.0)
-    topo = topo or Topology(list(inp.workers), inp.node_links)
-    if b == 0:
-        return predict_split(inp.model, inp.shape, p, d, w, topo.paths(p), inp.params)
-    label = st.label()
-    share_b = b / (b + d)
-    agg = predict_aggregated(inp.model, inp.shape, b, replace(w, rate_rps=w.rate_rps * share_b),
-                             inp.params)
-    parts = [(share_b, agg)]
-    if d > 0:
-        split = predict_split(inp.model, inp.shape, p, d,
-                              replace(w, rate_rps=w.rate_rps * (1 - share_b)),
-                              topo.paths(p), inp.params)
-        parts.append((1 - share_b, split))
-    else:
-        idle = replace(agg, gpus=p * inp.shape.tp, goodput_rps=0.0, kv_capacity_seqs=0)
-        parts.append((0.0, idle))
-    return combine_pools(label, p, d, b, w.rate_rps, parts)
-
-
-def _prefill_range(inp: ModelInput) -> list[int]:
-    """Feasible prefill counts by policy: 0 means aggregated."""
-    n = len(inp.workers)
-    p = inp.policy
-    options = []
-    if (
-        p.disaggregation_mode != "disaggregated"
-        and p.min_prefill_workers == 0
-        and p.min_decode_workers <= n
-    ):
-        options.append(0)
-    if p.disaggregation_mode != "aggregated":
-        lo = max(1, p.min_prefill_workers, n - p.max_decode_workers)
-        hi = min(p.max_prefill_workers, n - max(p.min_decode_workers, 1))
-        options.extend(range(lo, hi + 1))
-    return options
-
-
-def share(p: Prediction | None) -> float:
-    if p is None or p.rate_rps <= 0:
-        return 0.0
-    return p.goodput_rps / p.rate_rps
-
-
-def decision_score(now: Prediction | None, plan: Prediction | None, rate_now: float) -> tuple:
-    """The one score both choose and gate use: share within targets at the load now (to
-    1 %), then at the planned load (to 1 %). Noise below 1 % must not decide."""
-    return (round(share(now), 2) if rate_now > 0 else 0.0,
-            round(share(plan), 2) if plan is not None else -1.0)
-
-
-def _rank(p: Prediction) -> tuple:
-    # Search order: goodput share to 0.1 %, then capacity to 1 %, then fewer prefill.
-    cap = p.capacity_rps if not math.isinf(p.capacity_rps) else 1e18
-    cap = float(f"{cap:.2g}") if cap > 0 else 0.0
-    return (round(share(p), 3), cap, -p.n_prefill)
-
-
-def _kv_fits(p: Prediction, inp: ModelInput) -> str:
-    """'' when the decode pool holds the sequences in flight (with the policy's headroom)."""
-    peak = max(inp.load.inflight_peak, inp.load.inflight)
-    if peak <= 0:
-        return ""
-    room = p.kv_capacity_seqs * (1.0 - inp.policy.kv_headroom)
-    if peak > room:
-        return (
-            f"decode KV would hold {p.kv_capacity_seqs:,} sequences "
-            f"({room:,.0f} after {inp.policy.kv_headroom:.0%} headroom) but {peak:,} are in flight"
-        )
-    return ""
-
-
-def _meets(p: Prediction, pol: EffectivePolicy) -> bool:
-    return p.fits and not p.overloaded and p.attainment >= pol.attainment - 1e-9
-
-
-def _search(inp: ModelInput, w: Workload, settings: PlannerSettings, cur_p: int,
-            topo: Topology) -> dict[int, Prediction]:
-    options = _prefill_range(inp)
-    evaluated: dict[int, Prediction] = {}
-
-    def run(ps):
-        for p in ps:
-            if p in options and p not in evaluated:
-                evaluated[p] = predict(inp, p, w, topo)
-
-    if len(options) <= settings.exhaustive_limit:
-        run(options)
-    elif options:
-        # Coarse grid, then every count around the best few: goodput in P is unimodal
-        # in practice (prefill capacity rises with P, decode capacity falls).
-        stride = max(1, math.ceil(len(options) / 24))
-        run([options[0], *options[::stride], options[-1], cur_p])
-        for best in sorted(evaluated.values(), key=_rank, reverse=True)[:2]:
-            run(range(best.n_prefill - stride, best.n_prefill + stride + 1))
-    return dict(sorted(evaluated.items()))
-
-
-def load_shift(memory: MoveMemory | None, load: LoadInput) -> float:
-    """Largest relative change of request rate, prompt or answer length since ``memory``."""
-    if memory is None:
-        return 0.0
-
-    def rel(now: float, then: float) -> float:
-        base = max(abs(then), 1e-9)
-        return abs(now - then) / base if then > 0 or now > 0 else 0.0
-
-    return max(rel(load.rate_rps, memory.rate_rps), rel(load.isl_mean, memory.isl_mean),
-               rel(load.osl_mean, memory.osl_mean))
-
-
-# --- Step 1: observe ----------------------------------------------------------------------
-
-
-def observe(inp: ModelInput, now: float, settings: PlannerSettings) -> Observation:
-    load, pol = inp.load, inp.policy
-    st = layout_state(inp.workers)
-    plan_rate = max(load.rate_rps, load.peak_rps, 0.0) * (1.0 + settings.growth_margin)
-    mem = inp.memory
-    move = None
-    if mem is not None:
-        lo, hi = sorted((mem.origin_prefill, mem.target_prefill))
-        done = st.prefill == mem.target_prefill and (
-            st.pure and (st.both == 0) == (mem.target_prefill > 0)) and not st.draining
-        if not done and lo <= st.prefill <= hi and mem.origin_prefill != mem.target_prefill:
-            moved = abs(st.prefill - mem.origin_prefill)
-            step = min(moved // max(mem.step_limit, 1) + 1, mem.steps_total)
-            move = MoveProgress(mem.origin_layout, mem.target_layout, mem.target_prefill,
-                                step, mem.steps_total, max(now - mem.decided_at, 0.0),
-                                load_shift(mem, load))
-    return Observation(
-        layout=st, workers=len(inp.workers), stale_workers=sum(1 for x in inp.workers if x.stale),
-        rate_rps=load.rate_rps, plan_rate_rps=plan_rate, isl_mean=load.isl_mean,
-        isl_p95=load.isl_p95, osl_mean=load.osl_mean, prefix_hit=load.prefix_hit,
-        inflight_peak=max(load.inflight_peak, load.inflight),
-        measured_ttft_p95_ms=load.measured_ttft_p95_ms,
-        measured_itl_p95_ms=load.measured_itl_p95_ms,
-        ttft_target_ms=pol.ttft_p95_ms, itl_target_ms=pol.itl_p95_ms,
-        gpu=inp.shape.gpu.name, tp=inp.shape.tp, move=move,
-    )
-
-
-# --- Step 2: predict candidates -----------------------------------------------------------
-
-
-def predict_candidates(inp: ModelInput, obs: Observation, topo: Topology,
-                       settings: PlannerSettings) -> CandidateVerdict:
-    w_now = workload_for(inp.load, inp.policy, obs.rate_rps)
-    w_plan = workload_for(inp.load, inp.policy, obs.plan_rate_rps)
-    # Draining workers finish old work and take no new: the layout now runs without them;
-    # holding lands them in the role they drain to.
-    hold_now = predict_layout(inp, layout_state(inp.workers, exclude_draining=True), w_now, topo)
-    hold_plan = predict_layout(inp, obs.layout, w_plan, topo)
-    by_p = _search(inp, w_now if obs.rate_rps > 0 else w_plan, settings, obs.layout.prefill,
-                   topo)
-    candidates = list(by_p.values())
-    at_plan: dict[int, Prediction] = {}
-    keep = sorted(candidates, key=_rank, reverse=True)[:3]
-    if obs.move is not None and obs.move.target_prefill in by_p:
-        keep.append(by_p[obs.move.target_prefill])
-    if inp.memory is not None and inp.memory.origin_prefill in by_p:
-        keep.append(by_p[inp.memory.origin_prefill])
-    if obs.layout.prefill in by_p:
-        keep.append(by_p[obs.layout.prefill])
-    for c in keep:
-        if c.n_prefill not in at_plan:
-            at_plan[c.n_prefill] = predict(inp, c.n_prefill, w_plan, topo)
-    rejected: dict[str, str] = {}
-    feasible = []
-    for c in candidates:
-        why = "weights do not fit" if not c.fits else _kv_fits(c, inp)
-        if why and c.n_prefill != obs.layout.prefill:
-            rejected[c.layout] = why
-        else:
-            feasible.append(c)
-    return CandidateVerdict(hold_now, hold_plan, candidates, at_plan, rejected, feasible)
-
-
-# --- Step 3: choose -----------------------------------------------------------------------
-
-
-def choose(inp: ModelInput, obs: Observation, cv: CandidateVerdict) -> ChoiceVerdict | None:
-    if not cv.feasible:
-        return None
-    rate = obs.rate_rps
-
-    def key(c: Prediction) -> tuple:
-        plan = cv.at_plan.get(c.n_prefill)
-        cap = _rank(plan)[1] if plan is not None else 0.0
-        return (*decision_score(c, plan, rate), cap, -c.n_prefill)
-
-    best = max(cv.feasible, key=key)
-    pol = inp.policy
-    ref_now = rate > 0
-    options = [*cv.feasible, cv.hold_now if ref_now else cv.hold_plan]
-    if not ref_now:
-        options = [cv.at_plan.get(c.n_prefill, c) for c in cv.feasible] + [cv.hold_plan]
-    all_miss = not any(_meets(c, pol) for c in options)
-    plan_best = cv.at_plan.get(best.n_prefill)
-    return ChoiceVerdict(
-        best_layout=best.layout, best_prefill=best.n_prefill,
-        best_score=decision_score(best, plan_best, rate),
-        hold_score=decision_score(cv.hold_now, cv.hold_plan, rate),
-        all_miss=all_miss, binding=best.bottleneck,
-        best_attainment=best.attainment, hold_attainment=cv.hold_now.attainment,
-    )
-
-
-# --- Step 4: gate -------------------------------------------------------------------------
-
-
-def _gains(new: Prediction, old: Prediction, rate: float, h: float) -> bool:
-    return new.goodput_rps > old.goodput_rps * (1.0 + h) + 1e-9 and (
-        new.goodput_rps - old.goodput_rps > 0.005 * rate
-    )
-
-
-def gate(inp: ModelInput, obs: Observation, cv: CandidateVerdict, ch: ChoiceVerdict | None,
-         now: float, settings: PlannerSettings, topo: Topology) -> tuple[GateVerdict, int]:
-    """(verdict, the prefill count to move toward)."""
-    pol = inp.policy
-    h = pol.hysteresis
-    cur_p = obs.layout.prefill
-    # A policy bound the layout as it is breaks (min/max per role, a forced mode, 'both'
-    # workers under "disaggregated") must be met whatever the load.
-    st = obs.layout
-    forced = cur_p not in set(_prefill_range(inp)) or (
-        pol.disaggregation_mode == "disaggregated" and st.both > 0) or (
-        pol.disaggregation_mode == "aggregated" and st.prefill + st.decode > 0)
-    if obs.plan_rate_rps <= 0 and not forced:
-        return GateVerdict("keep", "no-traffic", forced=forced), cur_p
-    if ch is None:
-        return GateVerdict("keep", "no-feasible-layout", forced=forced), cur_p
-    w_now = workload_for(inp.load, pol, obs.rate_rps)
-    w_plan = workload_for(inp.load, pol, obs.plan_rate_rps)
-
-    def preds(p: int) -> tuple[Prediction, Prediction]:
-        now_p = next((c for c in cv.candidates if c.n_prefill == p), None)
-        now_p = now_p or predict(inp, p, w_now, topo)
-        plan_p = cv.at_plan.get(p) or predict(inp, p, w_plan, topo)
-        return now_p, plan_p
-
-    def score(p: int) -> tuple:
-        a, b = preds(p)
-        return decision_score(a, b, obs.rate_rps)
-
-    hold = ch.hold_score
-    base = {"hysteresis": h, "hold_score": hold, "forced": forced}
-    if forced:
-        target = ch.best_prefill
-        reason = "complete-layout" if target == cur_p else "policy-bound"
-        return GateVerdict("go", reason, target_score=score(target), **base), target
-    if ch.all_miss:
-        return GateVerdict(
-            "hold", "all-layouts-miss",
-            detail=f"no layout is predicted to keep {pol.attainment:.0%} of requests within "
-                   "both targets at this load", target_score=ch.best_score, **base,
-        ), cur_p
-    mem, move = inp.memory, obs.move
-    shift = load_shift(mem, inp.load)
-    moved = shift > h
-    base.update(load_shift=shift, dwell_s=settings.dwell_s)
-
-    def worth(p: int) -> tuple[bool, bool, bool]:
-        """(not worse than holding on the score, gain now, gain at the planned load)."""
-        tn, tp = preds(p)
-        not_worse = score(p) >= hold
-        g_now = obs.rate_rps > 0 and _gains(tn, cv.hold_now, obs.rate_rps, h)
-        g_plan = tn.goodput_rps >= cv.hold_now.goodput_rps * 0.99 and _gains(
-            tp, cv.hold_plan, obs.plan_rate_rps, h)
-        return not_worse, g_now, g_plan
-
-    if move is not None and (ch.best_prefill == move.target_prefill or not moved):
-        # A move under way, load as when it was decided: finish it unless its target is now
-        # predicted worse than staying put; then hold (rolling back within the dwell window
-        # would be A → B → A at constant load).
-        target = move.target_prefill
-        not_worse, g_now, g_plan = worth(target)
-        if not_worse:
-            return GateVerdict("go", "continue-move", move_verdict="finish",
-                               detail=f"{move.target_layout} is still predicted at least as "
-                                      "good as staying put", gain_now=g_now, gain_plan=g_plan,
-                               target_score=score(target), **base), target
-        return GateVerdict("hold", "move-held", move_verdict="hold",
-                           detail=f"{move.target_layout} is now predicted worse than the "
-                                  "layout as it is; the load has not moved enough to "
-                                  "turn back", target_score=score(target), **base), cur_p
-    target = ch.best_prefill
-    if target == cur_p:
-        return GateVerdict("keep", "current-is-best", target_score=ch.best_score,
-                           **base), cur_p
-    verdict = ""
-    if move is not None:
-        verdict = "roll-back" if target == _origin(mem) else "retarget"
-    elif (mem is not None and target == mem.origin_prefill and cur_p == mem.target_prefill
-          and now - mem.decided_at < settings.dwell_s and not moved):
-        return GateVerdict(
-            "keep", "dwell",
-            detail=f"{ch.best_layout} is where the last move ({mem.origin_layout} → "
-                   f"{mem.target_layout}) started {now - mem.decided_at:,.0f} s ago; within "
-                   f"the {settings.dwell_s:,.0f} s dwell window the load moved only "
-                   f"{shift:.0%} (margin {h:.0%})", target_score=score(target), **base,
-        ), cur_p
-    not_worse, g_now, g_plan = worth(target)
-    t_score = score(target)
-    if not not_worse or not (g_now or g_plan):
-        return GateVerdict("keep", "within-hysteresis", gain_now=g_now, gain_plan=g_plan,
-                           target_score=t_score, move_verdict="hold" if move else "",
-                           **base), cur_p
-    return GateVerdict("go", "roll-back" if verdict == "roll-back" else "better-layout",
-                       gain_now=g_now, gain_plan=g_plan, target_score=t_score,
-                       move_verdict=verdict, **base), target
-
-
-def _origin(mem: MoveMemory | None) -> int:
-    return mem.origin_prefill if mem is not None else -1
 
 
 # --- Step 5: step -------------------------------------------------------------------------
@@ -659,6 +297,14 @@ def plan_model(
     cv = rec.candidates = predict_candidates(inp, obs, topo, settings)
     ch = rec.choice = choose(inp, obs, cv)
     gv, target_p = gate(inp, obs, cv, ch, now, settings, topo)
+    if obs.move is not None and not gv.move_verdict:
+        # A move under way is re-decided every cycle: finish, hold or roll back (or, when
+        # the load moved past the margin, head somewhere new).
+        mv = "hold"
+        if gv.verdict == "go":
+            mv = "finish" if target_p == obs.move.target_prefill else (
+                "roll-back" if target_p == _origin(inp.memory) else "retarget")
+        gv = replace(gv, move_verdict=mv)
     rec.gate = gv
     if gv.reason == "all-layouts-miss":
         rec.alert = "all-layouts-miss"
@@ -686,7 +332,12 @@ def plan_model(
                     clean_now, clean, obs.rate_rps) >= ch.hold_score:
                 rec.step = StepVerdict(len(relabel), len(relabel), len(relabel),
                                        _state_after(workers, relabel))
-                rec.memory = _memory_for(inp, obs, cur_p, clean.layout, now, keep=True)
+                mem = inp.memory
+                if obs.move is not None and mem is not None:
+                    # The move stops here: it was A → B, it is now A → (this layout), so
+                    # the dwell rule guards the way back from here.
+                    mem = replace(mem, target_prefill=cur_p, target_layout=clean.layout)
+                rec.memory = mem
                 return decision("change", "complete-layout", target=clean, step=clean,
                                 changes=relabel)
         action = "hold" if gv.verdict == "hold" else "keep"
