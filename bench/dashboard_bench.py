@@ -5,10 +5,12 @@
 
 1. Builds a fleet of --nodes nodes × 8 GPUs (one worker per GPU) with hot state for every
    node and worker in Redis, then times the whole topology view (queries + hot state +
-   template) through Django's test client, --repeat times.
-2. Connects one live websocket consumer (in-process) and, for --seconds, sends the hint the
-   ingest sends when every node reports once a second (one group message per second with
-   all node ids). Reports fragments/s and bytes/s the client receives, and flush latency.
+   template) through Django's test client, --repeat times: the default view (rack tiles
+   above 64 nodes) and one rack's drill-down (its node cards and GPU tiles).
+2. Connects one live websocket consumer (in-process) and, for --seconds, does what the
+   ingest does when every node reports once a second: rewrites every node's and worker's
+   hot state with new numbers (utilisation, queue, KV use move) and sends one hint per
+   second with all node ids. Reports fragments/s and bytes/s the client receives.
 """
 
 from __future__ import annotations
@@ -67,20 +69,26 @@ def build_fleet(nodes: int):
     return cluster, node_rows, workers
 
 
-def write_hot_state(cluster, nodes, workers):
+def write_hot_state(cluster, nodes, workers, tick: int = 0):
+    """Every node's and worker's report; ``tick`` moves the numbers like real load does."""
     from controlplane.telemetry import hotstate
 
     keys = hotstate.Keys()
     r = hotstate.sync_redis()
     now = time.time()
+
+    def wobble(i: int) -> float:  # deterministic, different per entity and per tick
+        return ((i * 7919 + tick * 104729) % 1000) / 1000
+
     mapping = {}
     by_node = {}
     for w in workers:
         by_node.setdefault(w.node_id, []).append(w)
         mapping[f"w:{w.pk}"] = orjson.dumps({
             "worker_id": w.pk, "node_id": w.node_id, "engine": w.name, "up": True,
-            "role": w.desired_role, "running": 12, "waiting": 1, "kv_blocks_used": 20000,
-            "kv_blocks_total": 52000, "kv_usage": 0.38, "prefix_hit_rate": 0.4,
+            "role": w.desired_role, "running": 12, "waiting": int(wobble(w.pk) * 8),
+            "kv_blocks_used": 20000, "kv_blocks_total": 52000, "kv_usage": wobble(w.pk + 1),
+            "prefix_hit_rate": 0.4,
             "prompt_tokens_per_s": 9000.0, "generation_tokens_per_s": 1500.0,
             "ttft_p95_s": 0.4, "itl_p95_s": 0.03, "received_at": now, "interval_s": 1.0,
         })
@@ -89,15 +97,16 @@ def write_hot_state(cluster, nodes, workers):
             "node_id": n.pk, "cluster_id": cluster.pk, "hostname": n.hostname,
             "received_at": now, "interval_s": 1.0,
             "gpus": [{"index": g, "memory_used_bytes": 100 * GB, "memory_total_bytes": 141 * GB,
-                      "utilization": 0.7} for g in range(8)],
+                      "utilization": wobble(n.pk * 8 + g)} for g in range(8)],
             "nics": [{"name": "ib0", "tx_gbps": 80.0, "rx_gbps": 75.0}],
             "engines": [{"id": w.name, "worker_id": w.pk} for w in by_node.get(n.pk, [])],
         })
-    r.delete(keys.cluster(cluster.pk))
+    if tick == 0:
+        r.delete(keys.cluster(cluster.pk))
     r.hset(keys.cluster(cluster.pk), mapping=mapping)
 
 
-def time_render(repeat: int) -> list[float]:
+def time_render(repeat: int, url: str = "/?cluster=bench") -> tuple[list[float], int]:
     from django.contrib.auth import get_user_model
     from django.test import Client
 
@@ -108,13 +117,13 @@ def time_render(repeat: int) -> list[float]:
     times = []
     for _ in range(repeat):
         started = time.perf_counter()
-        response = client.get("/?cluster=bench")
+        response = client.get(url)
         assert response.status_code == 200
         times.append(time.perf_counter() - started)
     return times, len(response.content)
 
 
-async def live_coalescing(cluster, nodes, seconds: float):
+async def live_coalescing(cluster, nodes, workers, seconds: float):
     from channels.layers import get_channel_layer
     from channels.testing import WebsocketCommunicator
     from django.contrib.auth import get_user_model
@@ -141,7 +150,10 @@ async def live_coalescing(cluster, nodes, seconds: float):
     task = asyncio.create_task(reader())
     started = time.monotonic()
     hints = 0
+    tick = 0
     while time.monotonic() - started < seconds:
+        tick += 1
+        await asyncio.to_thread(write_hot_state, cluster, nodes, workers, tick)
         await layer.group_send(cluster_group(cluster.pk),
                                {"type": "telemetry.changed", "node_ids": ids})
         hints += 1
@@ -170,11 +182,13 @@ def main():
     write_hot_state(cluster, nodes, workers)
     print(f"fleet: {args.nodes} nodes × 8 GPUs built in {time.perf_counter() - t0:.1f} s "
           f"({connection.vendor})")
-    times, size = time_render(args.repeat)
-    print(f"topology page, {args.nodes * 8} GPUs: median {statistics.median(times) * 1000:.0f} ms"
-          f", min {min(times) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms, "
-          f"{size / 1024:.0f} KiB HTML")
-    live = asyncio.run(live_coalescing(cluster, nodes, args.seconds))
+    for label, url in (("default view", "/?cluster=bench"),
+                       ("one rack (16 nodes)", "/?cluster=bench&rack=r00")):
+        times, size = time_render(args.repeat, url)
+        print(f"topology page, {args.nodes * 8} GPUs, {label}: median "
+              f"{statistics.median(times) * 1000:.0f} ms, min {min(times) * 1000:.0f} ms, "
+              f"max {max(times) * 1000:.0f} ms, {size / 1024:.0f} KiB HTML")
+    live = asyncio.run(live_coalescing(cluster, nodes, workers, args.seconds))
     print(f"live: every node hinted once a second for {args.seconds:.0f} s → "
           f"{live['messages']} websocket messages, {live['fragments_per_s']:.0f} node "
           f"fragments/s ({live['node_updates_per_node_per_s']:.2f} updates per node per s, "

@@ -30,18 +30,31 @@ def _ctx(request, **values):
     return {**flags(request.user), **values}
 
 
+def open_alerts_context(user, fingerprint: str = "") -> dict:
+    """The open alerts table; the dashboard's live fan-out re-renders it (liveregions)."""
+    from controlplane.accounts.access import restrict
+
+    # Scoped: only alerts of clusters ``user`` can see (this also feeds the live fan-out).
+    open_alerts = restrict(Alert.objects.filter(is_open=True), user).order_by(
+        "status", "-severity", "rule")
+    if fingerprint:
+        open_alerts = open_alerts.filter(fingerprint=fingerprint)
+    return {**flags(user), "open_alerts": open_alerts}
+
+
 @require(READ)
 def alert_list(request):
-    open_alerts = Alert.objects.filter(is_open=True).order_by("status", "-severity", "rule")
+    from controlplane.dashboard.liveregions import live_urls
+
     fingerprint = request.GET.get("fingerprint", "")
     history = Alert.objects.filter(is_open=False).order_by("-ends_at")
     if fingerprint:
-        open_alerts = open_alerts.filter(fingerprint=fingerprint)
         history = history.filter(fingerprint=fingerprint)
     now = timezone.now()
     context = _ctx(
         request,
-        open_alerts=open_alerts,
+        **open_alerts_context(request.user, fingerprint),
+        **live_urls("alerts", request.GET),
         history=history[:50],
         silences=Silence.objects.filter(ends_at__gt=now).order_by("ends_at"),
         silence_form=SilenceForm(),

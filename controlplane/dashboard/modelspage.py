@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from django.core.paginator import Paginator
 
-from controlplane.accounts.roles import ACTION, READ, can, restrict
+from controlplane.accounts.access import can_anywhere
+from controlplane.accounts.roles import ACTION, READ, restrict
 from controlplane.audit.models import ChangeRecord
 from controlplane.planner.inputs import measured_latency
 from controlplane.planner.models import Plan
@@ -26,8 +27,8 @@ def _layout(workers: list[Worker]) -> str:
     return text + (f" + {both} aggregated" if both else "")
 
 
-def models_context(request) -> dict:
-    clusters = restrict(Cluster.objects.all(), request.user, READ)
+def models_context(user) -> dict:
+    clusters = restrict(Cluster.objects.all(), user, READ)
     models = list(ServedModel.objects.filter(cluster__in=clusters).select_related("cluster"))
     workers = list(
         Worker.objects.filter(served_model__in=models).select_related("node")
@@ -56,9 +57,7 @@ def models_context(request) -> dict:
             "plan": latest_plans.get(model.pk),
             "timeline": timelines.get(model.pk, []),
         })
-    from .whatifpage import form_context
-
-    return {"rows": rows, "can_act": can(request.user, ACTION), "whatif": form_context()}
+    return {"rows": rows, "can_act": can_anywhere(user, ACTION)}
 
 
 def _latest_plans(models) -> dict:
@@ -94,18 +93,18 @@ def _ts(unix: float):
     return datetime.fromtimestamp(unix, tz=UTC)
 
 
-def plans_context(request) -> dict:
-    clusters = restrict(Cluster.objects.all(), request.user, READ)
+def plans_context(user, query) -> dict:
+    clusters = restrict(Cluster.objects.all(), user, READ)
     plans = Plan.objects.filter(cluster__in=clusters).select_related("cluster", "served_model")
-    status = request.GET.get("status")
+    status = query.get("status")
     if status:
         plans = plans.filter(status=status)
-    page = Paginator(plans.order_by("-created"), 25).get_page(request.GET.get("page"))
-    return {"page": page, "status": status or "", "can_act": can(request.user, ACTION)}
+    page = Paginator(plans.order_by("-created"), 25).get_page(query.get("page"))
+    return {"page": page, "status": status or "", "can_act": can_anywhere(user, ACTION)}
 
 
-def routing_context(request) -> dict:
-    clusters = list(restrict(Cluster.objects.all(), request.user, READ))
+def routing_context(user, query=None) -> dict:
+    clusters = list(restrict(Cluster.objects.all(), user, READ))
     sections = []
     for cluster in clusters:
         versions = list(
@@ -130,7 +129,7 @@ def routing_context(request) -> dict:
 
 
 def audit_context(request) -> dict:
-    records = ChangeRecord.objects.all() if can(request.user, READ) else ChangeRecord.objects.none()
+    records = restrict(ChangeRecord.objects.all(), request.user, READ)
     for key in ("object_type", "actor_kind"):
         if request.GET.get(key):
             records = records.filter(**{key: request.GET[key]})

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from controlplane.accounts.roles import ACTION, can
+from controlplane.accounts.access import can_on
+from controlplane.accounts.roles import ACTION
 from controlplane.topology.models import Worker
 
+from . import nodestatus
 from .live import engine_history
 from .svg import line_chart
 from .viewmodels import NODE_FIELDS, Filters, node_cards
@@ -17,7 +19,19 @@ SPARK_METRICS = (
 )
 
 
-def node_context(request, node) -> dict:
+def node_live_context(user, node_id) -> dict | None:
+    """The node page's live part, or None when the node is gone or not visible."""
+    from controlplane.accounts.roles import READ, restrict
+    from controlplane.topology.models import Node
+
+    if not str(node_id).isdigit():
+        return None
+    node = restrict(Node.objects.select_related("cluster"), user, READ).filter(
+        pk=int(node_id)).first()
+    return node_context(user, node) if node else None
+
+
+def node_context(user, node) -> dict:
     row = {field: value for field, value in zip(
         NODE_FIELDS,
         (node.id, node.hostname, node.cluster_id, node.cluster.name, node.rack, node.status,
@@ -41,12 +55,13 @@ def node_context(request, node) -> dict:
             sparks.append({"label": label,
                            "chart": line_chart(series.get(key) or [], y_max=y_max, target=target)})
         engines.append({"worker": w, "live": live, "sparks": sparks, "slo": slo,
+                        "state": nodestatus.engine_state_label(w.state, card.status),
                         "gpus": sorted(g.index for g in w.gpus.all())})
     return {
         "node": node,
         "card": card,
         "engines": engines,
-        "can_act": can(request.user, ACTION),
+        "can_act": can_on(user, ACTION, node.cluster_id),
     }
 
 

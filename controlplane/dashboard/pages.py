@@ -9,9 +9,12 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
-from controlplane.accounts.roles import ACTION, READ, can, restrict
+from controlplane.accounts.access import can_anywhere, can_on
+from controlplane.accounts.roles import ACTION, READ, restrict
 from controlplane.topology.actions import ActionError, drain_worker, resume_worker
 from controlplane.topology.models import Cluster, Worker
+
+from .liveregions import live_urls
 
 WORKER_ACTIONS = {"drain": drain_worker, "resume": resume_worker}
 
@@ -19,13 +22,15 @@ WORKER_ACTIONS = {"drain": drain_worker, "resume": resume_worker}
 @login_required
 @require_POST
 def worker_action_view(request, pk: int, worker_pk: int, action: str):
-    if not can(request.user, ACTION):
+    if not can_anywhere(request.user, ACTION):
         return HttpResponseForbidden("Your role may not drain or resume workers.")
     handler = WORKER_ACTIONS.get(action)
     worker = get_object_or_404(
         restrict(Worker.objects.select_related("node"), request.user, READ),
         pk=worker_pk, node_id=pk,
     )
+    if not can_on(request.user, ACTION, worker.node.cluster_id):
+        return HttpResponseForbidden("Your role on this cluster may not drain or resume workers.")
     if handler is None:
         messages.error(request, f"Unknown action {action!r}.")
     else:
@@ -40,22 +45,27 @@ def worker_action_view(request, pk: int, worker_pk: int, action: str):
 @login_required
 def models_view(request):
     from .modelspage import models_context
+    from .whatifpage import form_context
 
-    return render(request, "dashboard/models.html", models_context(request))
+    context = {**models_context(request.user), "whatif": form_context(),
+               **live_urls("models", request.GET)}
+    return render(request, "dashboard/models.html", context)
 
 
 @login_required
 def plans_view(request):
     from .modelspage import plans_context
 
-    return render(request, "dashboard/plans.html", plans_context(request))
+    context = {**plans_context(request.user, request.GET), **live_urls("plans", request.GET)}
+    return render(request, "dashboard/plans.html", context)
 
 
 @login_required
 def routing_view(request):
     from .modelspage import routing_context
 
-    return render(request, "dashboard/routing.html", routing_context(request))
+    context = {**routing_context(request.user), **live_urls("routing", request.GET)}
+    return render(request, "dashboard/routing.html", context)
 
 
 @login_required
@@ -71,12 +81,14 @@ def plan_decision_view(request, pk: int, decision: str):
     from controlplane.planner.models import Plan
     from controlplane.planner.service import PlanError, approve_plan, reject_plan
 
-    if not can(request.user, ACTION):
+    if not can_anywhere(request.user, ACTION):
         return HttpResponseForbidden("Your role may not approve or reject plans.")
     plan = get_object_or_404(
         Plan.objects.filter(cluster__in=restrict(Cluster.objects.all(), request.user, READ)),
         pk=pk,
     )
+    if not can_on(request.user, ACTION, plan.cluster_id):
+        return HttpResponseForbidden("Your role on this cluster may not approve or reject plans.")
     handlers = {"approve": approve_plan, "reject": reject_plan}
     if decision not in handlers:
         messages.error(request, f"Unknown decision {decision!r}.")

@@ -13,16 +13,29 @@ from dataclasses import dataclass, field
 from controlplane.accounts.roles import READ, restrict
 from controlplane.routing.models import RoutingTableVersion
 from controlplane.topology.choices import NodeStatus, Role, WorkerState
-from controlplane.topology.models import GPU, NIC, Cluster, Fabric, Gateway, Node, Worker
+from controlplane.topology.models import (
+    GPU,
+    NIC,
+    Cluster,
+    Fabric,
+    Gateway,
+    Node,
+    ServedModel,
+    Worker,
+)
 
+from . import nodestatus
 from .live import hot_for_nodes
 
-FILTER_KEYS = ("cluster", "model", "role", "status")
+FILTER_KEYS = ("cluster", "rack", "model", "role", "status")
 
 
 @dataclass
 class Filters:
+    """What the topology viewer is looking at (the query string, validated)."""
+
     cluster: str = ""
+    rack: str = ""
     model: str = ""
     role: str = ""
     status: str = ""
@@ -32,7 +45,7 @@ class Filters:
         values = {key: (query.get(key) or "").strip()[:128] for key in FILTER_KEYS}
         if values["role"] not in {"", *Role.values, "draining"}:
             values["role"] = ""
-        if values["status"] not in {"", *NodeStatus.values}:
+        if values["status"] not in {"", *NodeStatus.values, nodestatus.NOT_MONITORED}:
             values["status"] = ""
         return cls(**values)
 
@@ -53,6 +66,7 @@ class GpuTile:
     role: str = ""  # prefill / decode / both, "" when no worker
     draining: bool = False
     dimmed: bool = False
+    waiting: int | None = None  # the engine's queue (requests waiting), None = no data
     mem_used: float | None = None  # fraction 0–1, None = no data
     kv_used: float | None = None
     util: float | None = None
@@ -64,7 +78,7 @@ class NodeCard:
     hostname: str
     cluster: str
     rack: str
-    status: str
+    status: str  # nodestatus.node_status(): the one status every page shows
     last_seen: float | None
     stale: bool
     nvlink_groups: list[tuple[int | None, list[GpuTile]]] = field(default_factory=list)
@@ -128,6 +142,7 @@ def node_cards(node_rows: list[dict], filters: Filters) -> list[NodeCard]:
             tile.draining = worker["state"] == WorkerState.DRAINING
             engine_hot = (node_hot.get("engines") or {}).get(worker["name"]) or {}
             tile.kv_used = engine_hot.get("kv_usage")
+            tile.waiting = engine_hot.get("num_waiting")
         tile.dimmed = bool(
             (filters.model and tile.model != filters.model)
             or (filters.role == "draining" and not tile.draining)
@@ -145,11 +160,10 @@ def node_cards(node_rows: list[dict], filters: Filters) -> list[NodeCard]:
         last = node_hot.get("last_report_at") or (
             n["last_seen"].timestamp() if n["last_seen"] else None
         )
+        status = nodestatus.node_status(n["status"], last, bool(node_hot.get("stale")))
         card = NodeCard(
             id=n["id"], hostname=n["hostname"], cluster=n["cluster__name"], rack=n["rack"],
-            status=n["status"], last_seen=last,
-            stale=n["status"] in (NodeStatus.STALE, NodeStatus.OFFLINE)
-            or bool(node_hot.get("stale")),
+            status=status, last_seen=last, stale=status in nodestatus.NOT_REPORTING,
             nvlink_groups=sorted(groups.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)),
             engines_hot=node_hot.get("engines") or {},
         )
@@ -170,7 +184,11 @@ def visible_nodes(user, filters: Filters):
     nodes = Node.objects.filter(cluster__in=clusters)
     if filters.cluster:
         nodes = nodes.filter(cluster__name=filters.cluster)
-    if filters.status:
+    if filters.rack:
+        nodes = nodes.filter(rack="" if filters.rack == "—" else filters.rack)
+    if filters.status == nodestatus.NOT_MONITORED:
+        nodes = nodes.filter(status=NodeStatus.UNKNOWN, last_seen__isnull=True)
+    elif filters.status:
         nodes = nodes.filter(status=filters.status)
     if filters.model:
         nodes = nodes.filter(workers__served_model__name=filters.model)
@@ -184,16 +202,32 @@ def visible_nodes(user, filters: Filters):
 NODE_FIELDS = ("id", "hostname", "cluster_id", "cluster__name", "rack", "status", "last_seen")
 
 
+def summary_mode(nodes_qs, filters: Filters) -> bool:
+    """Rack tiles instead of node cards: a big fleet, no single rack chosen."""
+    from .racks import SUMMARY_ABOVE_NODES
+
+    return not filters.rack and nodes_qs.count() > SUMMARY_ABOVE_NODES
+
+
 def topology(user, filters: Filters) -> dict:
+    from .racks import rack_summaries
+
+    nodes_qs = visible_nodes(user, filters)
+    summary = summary_mode(nodes_qs, filters)
     node_rows = list(
-        visible_nodes(user, filters).order_by("cluster__name", "rack", "hostname").values(
-            *NODE_FIELDS
-        )
+        nodes_qs.order_by("cluster__name", "rack", "hostname").values(*NODE_FIELDS)
     )
-    cards = node_cards(node_rows, filters)
-    clusters: dict[str, dict[str, list[NodeCard]]] = {}
-    for card in cards:
-        clusters.setdefault(card.cluster, {}).setdefault(card.rack or "—", []).append(card)
+    clusters: dict[str, dict[str, list]] = {}
+    if summary:
+        racks = rack_summaries(node_rows, nodes_qs)
+        for rack in racks:
+            clusters.setdefault(rack.cluster, {})[rack.rack] = rack
+        gpu_count = sum(r.gpus for r in racks)
+    else:
+        cards = node_cards(node_rows, filters)
+        for card in cards:
+            clusters.setdefault(card.cluster, {}).setdefault(card.rack or "—", []).append(card)
+        gpu_count = sum(len(t) for c in cards for _, t in c.nvlink_groups)
     cluster_qs = restrict(Cluster.objects.all(), user, READ)
     fabrics = defaultdict(list)
     for f in Fabric.objects.filter(cluster__in=cluster_qs).values(
@@ -216,15 +250,17 @@ def topology(user, filters: Filters) -> dict:
              "gateways": gateways.get(name, [])}
             for name, racks in clusters.items()
         ],
-        "node_count": len(cards),
-        "gpu_count": sum(len(t) for c in cards for _, t in c.nvlink_groups),
+        "summary": summary,
+        "node_count": len(node_rows),
+        "gpu_count": gpu_count,
         "choices": {
             "clusters": list(cluster_qs.values_list("name", flat=True)),
             "models": sorted(set(
-                Worker.objects.filter(node__cluster__in=cluster_qs)
-                .values_list("served_model__name", flat=True)
+                ServedModel.objects.filter(cluster__in=cluster_qs)
+                .values_list("name", flat=True)
             )),
             "roles": [*Role.values, "draining"],
-            "statuses": NodeStatus.values,
+            "statuses": [s for s in NodeStatus.values if s != NodeStatus.UNKNOWN]
+            + [nodestatus.NOT_MONITORED],
         },
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
+from django.db.models import Q
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.template.loader import render_to_string
@@ -12,7 +13,14 @@ from django.template.loader import render_to_string
 from controlplane.accounts.roles import READ, restrict
 from controlplane.topology.models import Node
 
-from .viewmodels import NODE_FIELDS, Filters, node_cards, topology, visible_nodes
+from .viewmodels import (
+    NODE_FIELDS,
+    Filters,
+    node_cards,
+    summary_mode,
+    topology,
+    visible_nodes,
+)
 
 
 def _query(filters: Filters) -> str:
@@ -44,10 +52,41 @@ def render_node_fragments(user, filters: Filters, node_ids=None) -> str:
     )
 
 
+def render_rack_fragments(user, filters: Filters, node_ids=None) -> str:
+    """Out-of-band rack tiles (the big-fleet view): every rack, or those of ``node_ids``."""
+    from .racks import rack_summaries
+
+    nodes = visible_nodes(user, filters)
+    if node_ids is not None:
+        racks = set(nodes.filter(id__in=node_ids).values_list("cluster_id", "rack").distinct())
+        if not racks:
+            return ""
+        condition = Q()
+        for cluster_id, rack in racks:
+            condition |= Q(cluster_id=cluster_id, rack=rack)
+        nodes = nodes.filter(condition)
+    rows = list(nodes.order_by("cluster__name", "rack", "hostname").values(*NODE_FIELDS))
+    return "".join(
+        render_to_string("dashboard/_rack_tile.html", {"rack": rack, "oob": True})
+        for rack in rack_summaries(rows, nodes)
+    )
+
+
 @login_required
 def live_poll_view(request):
     """Polling fallback when websockets are unavailable: the same OOB fragments."""
+    from django.middleware.csrf import get_token
+
+    from .liveregions import PAGES, render_regions
+
+    page = request.GET.get("page", "topology")
+    if page in PAGES:
+        query = {k: v[:128] for k, v in request.GET.items()}
+        regions = render_regions(page, request.user, query, get_token(request))
+        return HttpResponse("".join(regions.values()))
     filters = Filters.from_query(request.GET)
+    if summary_mode(visible_nodes(request.user, filters), filters):
+        return HttpResponse(render_rack_fragments(request.user, filters))
     return HttpResponse(render_node_fragments(request.user, filters))
 
 
@@ -55,6 +94,8 @@ def live_poll_view(request):
 def node_view(request, pk: int):
     node = get_object_or_404(restrict(Node.objects.select_related("cluster"), request.user, READ),
                              pk=pk)
+    from .liveregions import live_urls
     from .nodepage import node_context
 
-    return render(request, "dashboard/node.html", node_context(request, node))
+    context = {**node_context(request.user, node), **live_urls("node", {"node": str(node.pk)})}
+    return render(request, "dashboard/node.html", context)

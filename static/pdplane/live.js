@@ -1,12 +1,26 @@
 // Live updates: htmx's ws extension applies the server's out-of-band fragments. When the
 // websocket fails (a proxy that blocks upgrades, a server restart), poll the same fragments
 // — every 3 s, every 15 s while the tab is hidden — until the socket delivers again.
+// "updated N s ago" counts from the last message (socket or poll); the server sends a small
+// status fragment every few seconds when nothing changed, so a quiet page stays "current".
 (function () {
   const live = document.getElementById("live");
   const status = document.getElementById("live-status");
   if (!live) return;
   let pollTimer = null;
   let polling = false;
+  let lastUpdate = null;
+
+  function touched() { lastUpdate = Date.now(); tick(); }
+  function tick() {
+    const ago = document.getElementById("live-ago");
+    if (!ago || lastUpdate === null) return;
+    const s = Math.max(0, Math.round((Date.now() - lastUpdate) / 1000));
+    ago.textContent = "updated " + (s < 90 ? s + " s" : Math.round(s / 60) + " min") + " ago";
+    ago.dataset.ageS = String(s);
+    ago.classList.toggle("old", s > 15);
+  }
+  setInterval(tick, 1000);
 
   function setStatus(text, cls) {
     const el = document.getElementById("live-status");
@@ -24,6 +38,7 @@
           if (old) { frag.removeAttribute("hx-swap-oob"); old.replaceWith(frag); }
         });
         setStatus("polling", "poll");
+        touched();
       })
       .catch(() => setStatus("offline", "off"))
       .finally(() => { if (polling) pollTimer = setTimeout(poll, pollDelay()); });
@@ -33,7 +48,7 @@
 
   // A socket that opens and closes without delivering anything (a proxy that accepts the
   // upgrade, then drops it) is a failure too: only a received message proves it works.
-  document.body.addEventListener("htmx:wsAfterMessage", () => { stopPolling(); setStatus("live", "on"); });
+  document.body.addEventListener("htmx:wsAfterMessage", () => { stopPolling(); setStatus("live", "on"); touched(); });
   document.body.addEventListener("htmx:wsClose", () => {
     setStatus("reconnecting…", "off");
     // Poll while the extension backs off and reconnects; the first message it delivers

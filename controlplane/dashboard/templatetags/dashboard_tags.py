@@ -65,3 +65,26 @@ def num(value, digits=1):
     if value is None:
         return "no data"
     return f"{value:.{int(digits)}f}"
+
+
+@register.filter
+def pct_short(fraction):
+    """0.431 → "43%"; None → "–" (tiles have no room for "no data")."""
+    fraction = _number(fraction)
+    return "–" if fraction is None else f"{round(fraction * 100)}%"
+
+
+@register.filter
+def decile(fraction):
+    """0.431 → 4 (a shade class u0…u10); None → "n" (hatched: no data)."""
+    fraction = _number(fraction)
+    if fraction is None:
+        return "n"
+    return max(0, min(10, round(fraction * 10)))
+
+
+@register.filter
+def status_label(status):
+    from controlplane.dashboard.nodestatus import LABELS
+
+    return LABELS.get(status, status)
