@@ -38,6 +38,9 @@ class ClusterMembershipSerializer(ModelCleanSerializer):
         model = ClusterMembership
         fields = ["id", "display", "cluster", "user", "token", "role", "created"]
         read_only_fields = ["created"]
+        # The model's constraints are checked by full_clean (ModelCleanSerializer); DRF's
+        # generated unique-together validators would make ``user`` and ``token`` required.
+        validators = []
 
     def validate_token(self, token):
         request = self.context.get("request")
