@@ -96,8 +96,8 @@ def bench_deliver(count: int, sweeper_counts: list[int]) -> None:
     from django.db import connection
     from django.utils import timezone
 
-    from controlplane.alerts import delivery as outbox
-    from controlplane.alerts.models import Delivery, WebhookEndpoint
+    from controlplane.alerts.models import WEBHOOK_KIND, Delivery, WebhookEndpoint
+    from controlplane.outbox.worker import drain
     from tests.integration.alerts_support.fixtures import Receiver
 
     call_command("migrate", verbosity=0)
@@ -110,19 +110,17 @@ def bench_deliver(count: int, sweeper_counts: list[int]) -> None:
             for sweepers in sweeper_counts:
                 Delivery.objects.filter(endpoint=ep).delete()
                 body = {"alerts": [{"labels": {"node": f"n{i}"}} for i in range(5)]}
-                Delivery.objects.bulk_create(
-                    Delivery(
+                for _ in range(count):
+                    Delivery.objects.create(
                         endpoint=ep,
                         event_type="bench",
                         payload=body,
                         next_attempt_at=timezone.now(),
                     )
-                    for _ in range(count)
-                )
 
                 def run(name):
                     try:
-                        while outbox.sweep(worker=name, time_budget_s=60).get("delivered"):
+                        while drain([WEBHOOK_KIND], worker=name, time_budget_s=60).get("delivered"):
                             pass
                     finally:
                         connection.close()

@@ -287,8 +287,9 @@ CELERY_BEAT_SCHEDULE["alerts-evaluate"] = {
     "schedule": 15.0,
     "options": {"expires": 15},
 }
-CELERY_BEAT_SCHEDULE["alerts-sweep-deliveries"] = {
-    "task": "alerts.sweep_deliveries",
+# The one outbox's worker loop: webhook deliveries and routing-table pushes alike.
+CELERY_BEAT_SCHEDULE["outbox-deliver-due"] = {
+    "task": "outbox.deliver_due",
     "schedule": 5.0,
     "options": {"expires": 10},
 }

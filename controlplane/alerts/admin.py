@@ -1,11 +1,12 @@
 from django.contrib import admin
 
+from controlplane.outbox.admin import AttemptInline
+
 from .models import (
     Alert,
     AlertGroup,
     AlertRule,
     Delivery,
-    DeliveryAttempt,
     Silence,
     WebhookEndpoint,
 )
@@ -42,17 +43,10 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
     list_filter = ("enabled", "format")
 
 
-class DeliveryAttemptInline(admin.TabularInline):
-    model = DeliveryAttempt
-    extra = 0
-    can_delete = False
-    readonly_fields = [f.name for f in DeliveryAttempt._meta.fields]
-
-
 @admin.register(Delivery)
 class DeliveryAdmin(admin.ModelAdmin):
     list_display = ("webhook_id", "endpoint", "event_type", "status", "attempts", "next_attempt_at")
     list_filter = ("status", "event_type", "is_test")
     search_fields = ("webhook_id",)
     readonly_fields = [f.name for f in Delivery._meta.fields]
-    inlines = [DeliveryAttemptInline]
+    inlines = [AttemptInline]

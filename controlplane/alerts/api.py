@@ -17,12 +17,13 @@ from controlplane.api.errors import Conflict
 from controlplane.api.mixins import idempotent
 from controlplane.api.serializers import ModelCleanSerializer
 from controlplane.api.views import PdplaneModelViewSet, RestrictedMixin
+from controlplane.outbox.models import Attempt
 
 from . import delivery as outbox
 from . import ssrf
 from .conf import load
 from .evaluation import acknowledge
-from .models import Alert, AlertRule, Delivery, DeliveryAttempt, Silence, WebhookEndpoint
+from .models import Alert, AlertRule, Delivery, Silence, WebhookEndpoint
 
 
 # --- Serializers -----------------------------------------------------------------------
@@ -151,7 +152,7 @@ class WebhookEndpointSecretSerializer(WebhookEndpointSerializer):
 
 class DeliveryAttemptSerializer(serializers.ModelSerializer):
     class Meta:
-        model = DeliveryAttempt
+        model = Attempt
         fields = [
             "number",
             "started_at",
@@ -167,6 +168,7 @@ class DeliveryAttemptSerializer(serializers.ModelSerializer):
 
 class DeliverySerializer(serializers.ModelSerializer):
     attempt_log = DeliveryAttemptSerializer(many=True, read_only=True)
+    delivered_at = serializers.DateTimeField(read_only=True, allow_null=True)
 
     class Meta:
         model = Delivery

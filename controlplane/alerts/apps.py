@@ -2,7 +2,7 @@ from django.apps import AppConfig
 
 # Rewritten on every evaluation or delivery attempt: state and logs of their own, not
 # configuration changes worth a change record.
-NOT_AUDITED = ("Alert", "AlertGroup", "EvaluatorMemory", "Delivery", "DeliveryAttempt")
+NOT_AUDITED = ("Alert", "AlertGroup", "EvaluatorMemory", "Delivery")
 
 
 class AlertsConfig(AppConfig):
@@ -11,6 +11,11 @@ class AlertsConfig(AppConfig):
     verbose_name = "Alerts"
 
     def ready(self):
+        from controlplane.outbox import registry as outbox
+
+        from .delivery import WebhookDeliverer
+
+        outbox.register(WebhookDeliverer())
         try:
             from controlplane.audit import registry
         except ImportError:

@@ -11,7 +11,6 @@ Environment variables (all optional):
 - ``ALERTS_GROUP_WAIT_S`` / ``ALERTS_GROUP_INTERVAL_S`` / ``ALERTS_REPEAT_INTERVAL_S`` —
   Alertmanager's timers (defaults 30 s, 300 s, 4 h).
 - ``ALERTS_EXTERNAL_URL`` — base URL put in payload links (default: none).
-- ``ALERTS_SWEEP_BATCH`` — deliveries one sweep sends at most (default 50).
 - ``ALERTS_KICK_SWEEPER`` — queue a sweep as soon as deliveries are created (default
   true; the beat sweep every 5 s catches up otherwise).
 """
@@ -26,8 +25,24 @@ from django.core.exceptions import ImproperlyConfigured
 
 from controlplane.core import envconfig as ec
 
-from . import backoff, ssrf
+from . import ssrf
 from .lifecycle import LifecycleConfig
+
+# Standard Webhooks' example schedule: the delay before attempt n+1 (attempt 1 is
+# immediate). Ten attempts over a little more than 3 days in all. The outbox adds ±20 %
+# jitter (delivery.JITTER).
+DEFAULT_RETRY_SCHEDULE_S: tuple[float, ...] = (
+    0,
+    5,
+    300,
+    1800,
+    7200,
+    18000,
+    36000,
+    50400,
+    72000,
+    86400,
+)
 
 
 @dataclass(frozen=True)
@@ -38,14 +53,13 @@ class AlertsConf:
     lease_s: float
     lifecycle: LifecycleConfig
     external_url: str
-    sweep_batch: int
     kick_sweeper: bool = True
 
 
 def _schedule(env) -> tuple[float, ...]:
     raw = ec.env_list(env, "ALERTS_RETRY_SCHEDULE", [])
     if not raw:
-        return backoff.DEFAULT_SCHEDULE_S
+        return DEFAULT_RETRY_SCHEDULE_S
     try:
         values = tuple(float(x) for x in raw)
     except ValueError:
@@ -78,7 +92,6 @@ def load() -> AlertsConf:
         external_url = getattr(settings, "ALERTS_EXTERNAL_URL", None) or (
             ec.env_url(env, "ALERTS_EXTERNAL_URL", {"http", "https"}) or ""
         )
-        batch = ec.env_int(env, "ALERTS_SWEEP_BATCH", 50, minimum=1, maximum=10_000)
         kick = getattr(settings, "ALERTS_KICK_SWEEPER", None)
         if kick is None:
             kick = ec.env_bool(env, "ALERTS_KICK_SWEEPER", True)
@@ -96,6 +109,5 @@ def load() -> AlertsConf:
         float(lease),
         lifecycle,
         external_url,
-        batch,
         bool(kick),
     )

@@ -16,10 +16,20 @@ from datetime import UTC, datetime
 from django.db import transaction
 from django.utils import timezone
 
+from controlplane.outbox.tasks import kick
+
 from . import lifecycle, rules
 from .conf import AlertsConf, load
 from .delivery import enqueue_notification
-from .models import Alert, AlertGroup, AlertRule, EvaluatorMemory, Silence, WebhookEndpoint
+from .models import (
+    WEBHOOK_KIND,
+    Alert,
+    AlertGroup,
+    AlertRule,
+    EvaluatorMemory,
+    Silence,
+    WebhookEndpoint,
+)
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +217,7 @@ def run_cycle(
         for n in step.notifications:
             deliveries += len(enqueue_notification(n, now=now, conf=conf))
         if deliveries and conf.kick_sweeper:
-            transaction.on_commit(_kick_sweeper)
+            _kick_sweeper()  # runs once the transaction commits
 
     return CycleSummary(
         len(result.observations), len(step.alerts), len(step.notifications), deliveries
@@ -216,12 +226,7 @@ def run_cycle(
 
 def _kick_sweeper() -> None:
     """Send new deliveries now rather than at the next beat tick (best effort)."""
-    try:
-        from .tasks import sweep_deliveries
-
-        sweep_deliveries.apply_async(expires=30)
-    except Exception:
-        log.warning("alerts: could not kick the delivery sweeper", exc_info=True)
+    kick(WEBHOOK_KIND)
 
 
 def acknowledge(alert: Alert, user) -> None:

@@ -1,8 +1,9 @@
-"""Alert rules, alert state, silences, webhook endpoints and the delivery outbox.
+"""Alert rules, alert state, silences, webhook endpoints and webhook deliveries.
 
 The evaluation and lifecycle logic is pure (``rules.py``, ``lifecycle.py``); these models
-only hold its configuration and state. ``Delivery`` is the outbox: rows are claimed by
-the sweeper with a conditional UPDATE (see ``tasks.py``), never parked in Celery.
+only hold its configuration and state. A ``Delivery`` is a row of the one outbox
+(``controlplane.outbox``): the evaluator writes it, the outbox's worker loop sends it
+through ``delivery.WebhookDeliverer``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from controlplane.core.models import TimestampedModel
+from controlplane.outbox.models import Message, Status
 
 from . import rules, signing
 
@@ -254,17 +256,18 @@ class WebhookEndpoint(TimestampedModel):
             raise ValidationError({"label_filters": "Give label: value pairs (strings)."})
 
 
-class DeliveryStatus(models.TextChoices):
-    PENDING = "pending", "Pending"
-    SENDING = "sending", "Sending (claimed)"
-    DELIVERED = "delivered", "Delivered"
-    FAILED = "failed", "Failed (gave up)"
-    CANCELLED = "cancelled", "Cancelled (endpoint disabled)"
+# Webhook deliveries use the outbox's statuses as they are.
+DeliveryStatus = Status
+
+WEBHOOK_KIND = "alerts.webhook"
 
 
-class Delivery(TimestampedModel):
-    """One message to one endpoint. ``webhook_id`` and ``payload`` never change across
+class Delivery(Message):
+    """One message to one endpoint, an outbox row (claim, lease, retries and attempt log
+    live in ``outbox.Message``). ``webhook_id`` and ``payload`` never change across
     retries, so receivers can dedupe on the id."""
+
+    outbox_kind = WEBHOOK_KIND
 
     endpoint = models.ForeignKey(
         WebhookEndpoint, on_delete=models.CASCADE, related_name="deliveries"
@@ -275,39 +278,14 @@ class Delivery(TimestampedModel):
     notification_status = models.CharField(max_length=16, blank=True, help_text="firing|resolved")
     payload = models.JSONField()
     is_test = models.BooleanField(default=False)
-    status = models.CharField(
-        max_length=16, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING
-    )
-    attempts = models.PositiveIntegerField(default=0)
-    next_attempt_at = models.DateTimeField(default=timezone.now, null=True, blank=True)
-    claimed_by = models.CharField(max_length=100, blank=True)
-    claimed_at = models.DateTimeField(null=True, blank=True)
-    last_status_code = models.PositiveSmallIntegerField(null=True, blank=True)
-    last_error = models.TextField(blank=True)
-    delivered_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created"]
         verbose_name_plural = "deliveries"
-        indexes = [models.Index(fields=["status", "next_attempt_at"])]
 
     def __str__(self):
         return f"{self.webhook_id} → {self.endpoint}"
 
-
-class DeliveryAttempt(models.Model):
-    delivery = models.ForeignKey(Delivery, on_delete=models.CASCADE, related_name="attempt_log")
-    number = models.PositiveIntegerField()
-    started_at = models.DateTimeField()
-    worker = models.CharField(max_length=100, blank=True)
-    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
-    latency_ms = models.FloatField()
-    response_excerpt = models.TextField(blank=True)
-    error = models.TextField(blank=True)
-    outcome = models.CharField(max_length=16, help_text="delivered | retry | failed | disabled")
-
-    class Meta:
-        ordering = ["delivery", "number"]
-
-    def __str__(self):
-        return f"{self.delivery.webhook_id} #{self.number}: {self.outcome}"
+    @property
+    def delivered_at(self):
+        return self.finished_at if self.status == Status.DELIVERED else None

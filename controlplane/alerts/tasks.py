@@ -1,8 +1,6 @@
-"""Celery tasks for alerts. Beat runs ``alerts.evaluate`` every 15 s and
-``alerts.sweep_deliveries`` every 5 s (settings.CELERY_BEAT_SCHEDULE).
-
-Long retry waits live in ``Delivery.next_attempt_at`` rows, never in Celery countdowns
-(the Redis broker's visibility timeout would redeliver them in a loop).
+"""Celery tasks for alerts. Beat runs ``alerts.evaluate`` every 15 s (settings.
+CELERY_BEAT_SCHEDULE); deliveries are sent by the outbox's worker loop
+(``outbox.deliver_due``), not by a task of this app.
 """
 
 from __future__ import annotations
@@ -32,18 +30,12 @@ def evaluate() -> dict:
     return summary.__dict__
 
 
-@shared_task(name="alerts.sweep_deliveries", ignore_result=True)
-def sweep_deliveries() -> dict:
-    from .delivery import sweep
-
-    with _actor("alerts"):
-        return sweep()
-
-
 @shared_task(name="alerts.redeliver", ignore_result=True)
 def redeliver(delivery_id: int) -> bool:
+    from controlplane.outbox.tasks import kick
+
     from .delivery import redeliver as do_redeliver
-    from .models import Delivery
+    from .models import WEBHOOK_KIND, Delivery
 
     delivery = Delivery.objects.filter(pk=delivery_id).first()
     if delivery is None:
@@ -51,7 +43,7 @@ def redeliver(delivery_id: int) -> bool:
     with _actor("alerts"):
         ok = do_redeliver(delivery)
     if ok:
-        sweep_deliveries.delay()
+        kick(WEBHOOK_KIND)
     return ok
 
 

@@ -13,6 +13,7 @@ visibility timeout would redeliver them in a loop; reference/RELIABILITY.md).
 from __future__ import annotations
 
 from django.db import models
+from django.utils import timezone
 
 from controlplane.core.models import TimestampedModel
 
@@ -40,7 +41,7 @@ class Message(TimestampedModel):
     )
     attempts = models.PositiveIntegerField(default=0)
     next_attempt_at = models.DateTimeField(
-        null=True, blank=True,
+        default=timezone.now, null=True, blank=True,
         help_text="Empty: never picked up by the worker loop (sent once, by its caller)",
     )
     claimed_by = models.CharField(max_length=100, blank=True)

@@ -1,5 +1,5 @@
 """Webhook delivery end to end: real receiver process verifying signatures with the
-``standardwebhooks`` library, real database, the real sweeper code."""
+``standardwebhooks`` library, real database, the real outbox worker loop."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from django.utils import timezone
 from controlplane.alerts import delivery as outbox
 from controlplane.alerts.evaluation import run_cycle
 from controlplane.alerts.models import (
+    WEBHOOK_KIND,
     Alert,
     AlertRule,
     Delivery,
@@ -20,6 +21,7 @@ from controlplane.alerts.models import (
     WebhookFormat,
 )
 from controlplane.alerts.rules import NODE_OFFLINE, FleetSnapshot
+from controlplane.outbox.worker import drain
 from tests.integration.alerts_support.fixtures import (
     FAST_SETTINGS,
     Receiver,
@@ -45,11 +47,16 @@ def cycle(*nodes: str, cluster: str = "c1"):
     return run_cycle(snapshot=offline_snapshot(time.time(), *nodes, cluster=cluster))
 
 
+def sweep(**kw) -> dict:
+    """One run of the outbox's worker loop over webhook deliveries."""
+    return drain([WEBHOOK_KIND], **kw)
+
+
 def sweep_until_settled(timeout: float = 20.0):
     """Run the sweeper until nothing is pending (or the timeout)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        outbox.sweep(time_budget_s=5)
+        sweep(time_budget_s=5)
         if not Delivery.objects.filter(
             status__in=[DeliveryStatus.PENDING, DeliveryStatus.SENDING]
         ).exists():
@@ -112,7 +119,7 @@ def test_receiver_down_then_up_loses_nothing(tmp_path):
     assert Delivery.objects.count() == 3
     deadline = time.monotonic() + 2.5
     while time.monotonic() < deadline:
-        outbox.sweep(time_budget_s=2)
+        sweep(time_budget_s=2)
         time.sleep(0.1)
     assert Delivery.objects.filter(status=DeliveryStatus.PENDING).count() == 3
     assert all(d.attempts >= 2 for d in Delivery.objects.all())
@@ -215,7 +222,7 @@ def test_retry_after_is_honoured(tmp_path):
         rx.control(status=429, retry_after=30)
         cycle("n1")
         before = timezone.now()
-        outbox.sweep()
+        sweep()
         d = Delivery.objects.get()
         assert d.status == DeliveryStatus.PENDING
         assert (d.next_attempt_at - before).total_seconds() >= 29
@@ -232,7 +239,7 @@ def test_test_send_is_signed_and_never_retried(tmp_path):
         rx.control(status=500)
         bad = outbox.send_test(ep)
         assert bad.status == DeliveryStatus.FAILED and bad.next_attempt_at is None
-        outbox.sweep()
+        sweep()
         assert len(rx.requests()) == 2
         assert all(r["verified"] for r in rx.requests())
         assert rx.requests()[0]["body"]["type"] == "pdplane.webhook.test"
@@ -305,20 +312,18 @@ def test_concurrent_sweepers_never_send_twice(tmp_path):
         ep.url = rx.url
         ep.save()
         rx.control(delay_s=0.02)
-        Delivery.objects.bulk_create(
-            Delivery(
+        for i in range(24):
+            Delivery.objects.create(
                 endpoint=ep,
                 event_type="alerts.notification",
                 payload={"n": i},
                 next_attempt_at=timezone.now(),
             )
-            for i in range(24)
-        )
         errors = []
 
         def sweeper(name):
             try:
-                outbox.sweep(worker=name, time_budget_s=20)
+                sweep(worker=name, time_budget_s=20)
             except Exception as exc:  # pragma: no cover - reported below
                 errors.append(exc)
             finally:
@@ -352,12 +357,13 @@ def test_expired_claim_is_resent_and_a_poison_message_gives_up(tmp_path):
             status=DeliveryStatus.SENDING,
             claimed_by="dead-worker",
             claimed_at=long_ago,
+            lease_until=long_ago + timedelta(seconds=FAST_SETTINGS["ALERTS_CLAIM_LEASE_S"]),
         )
         lost = Delivery.objects.create(**common, attempts=1)
         poison = Delivery.objects.create(
             **common, attempts=len(FAST_SETTINGS["ALERTS_RETRY_SCHEDULE"])
         )
-        counts = outbox.sweep()
+        counts = sweep()
         assert counts["reclaimed"] == 2
         lost.refresh_from_db()
         poison.refresh_from_db()

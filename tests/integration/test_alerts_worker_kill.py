@@ -114,7 +114,7 @@ def test_worker_killed_mid_delivery_is_redelivered_after_restart(tmp_path):
     queue = f"alerts-test-{uuid.uuid4().hex[:8]}"
 
     def sweep_soon():
-        app.send_task("alerts.sweep_deliveries", queue=queue, expires=20)
+        app.send_task("outbox.deliver_due", args=(["alerts.webhook"],), queue=queue, expires=20)
 
     with override_settings(**FAST_SETTINGS):
         AlertRule.objects.create(rule=NODE_OFFLINE, for_seconds=0)

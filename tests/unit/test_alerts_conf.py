@@ -4,15 +4,14 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
-from controlplane.alerts import backoff
-from controlplane.alerts.conf import load
+from controlplane.alerts.conf import DEFAULT_RETRY_SCHEDULE_S, load
 
 
 def test_defaults(monkeypatch):
     for name in ("ALERTS_RETRY_SCHEDULE", "ALERTS_DELIVERY_TIMEOUT_S", "ALERTS_CLAIM_LEASE_S"):
         monkeypatch.delenv(name, raising=False)
     conf = load()
-    assert conf.retry_schedule_s == backoff.DEFAULT_SCHEDULE_S
+    assert conf.retry_schedule_s == DEFAULT_RETRY_SCHEDULE_S
     assert (conf.timeout_s, conf.lease_s) == (15.0, 120.0)
     assert conf.lifecycle.repeat_interval_s == 4 * 3600
 

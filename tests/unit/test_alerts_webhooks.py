@@ -1,4 +1,5 @@
-"""Signing (checked against the standardwebhooks library), payloads, backoff, SSRF guard."""
+"""Signing (checked against the standardwebhooks library), payloads, the webhook retry
+schedule (parse_retry_after: tests/unit/test_outbox_backoff.py), SSRF guard."""
 
 import json
 import random
@@ -7,8 +8,11 @@ import time
 import pytest
 from standardwebhooks.webhooks import Webhook
 
-from controlplane.alerts import backoff, payloads, signing, ssrf
+from controlplane.alerts import payloads, signing, ssrf
+from controlplane.alerts.conf import DEFAULT_RETRY_SCHEDULE_S
+from controlplane.alerts.delivery import JITTER
 from controlplane.alerts.lifecycle import AlertState, Notification
+from controlplane.outbox.backoff import Backoff
 
 
 def test_signature_verifies_with_standardwebhooks_library():
@@ -99,21 +103,15 @@ def test_native_body_and_deterministic_encoding():
 
 def test_backoff_schedule_with_jitter_and_retry_after():
     rng = random.Random(1)
-    assert backoff.next_delay(0, rng=rng) == 0
-    d1 = backoff.next_delay(1, rng=rng)
+    policy = Backoff(DEFAULT_RETRY_SCHEDULE_S, JITTER)  # what webhook deliveries wait
+    assert policy.delay(0, rng=rng) == 0
+    d1 = policy.delay(1, rng=rng)
     assert 4 <= d1 <= 6
-    delays = [backoff.next_delay(n, rng=rng) for n in range(1, 10)]
+    delays = [policy.delay(n, rng=rng) for n in range(1, 10)]
     assert sum(delays) > 24 * 3600  # spans more than a day
-    assert backoff.next_delay(10) is None
-    assert backoff.next_delay(1, retry_after=120, rng=rng) == 120
-    assert backoff.next_delay(3, retry_after=1, rng=rng) >= 1800 * 0.8  # never sooner
-
-
-def test_parse_retry_after():
-    assert backoff.parse_retry_after("30", 0) == 30
-    assert backoff.parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", 1445412470) == 10
-    assert backoff.parse_retry_after("soon", 0) is None
-    assert backoff.parse_retry_after(None, 0) is None
+    assert policy.delay(10) is None
+    assert policy.delay(1, retry_after=120, rng=rng) == 120
+    assert policy.delay(3, retry_after=1, rng=rng) >= 1800 * 0.8  # never sooner
 
 
 def fake_dns(table):
