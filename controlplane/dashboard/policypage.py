@@ -14,7 +14,8 @@ from django.db import transaction
 from django.http import HttpResponseForbidden
 from django.shortcuts import get_object_or_404, redirect, render
 
-from controlplane.accounts.roles import ACTION, READ, can, restrict
+from controlplane.accounts.access import can_anywhere, can_on
+from controlplane.accounts.roles import ACTION, READ, restrict
 from controlplane.policies.effective import POLICY_FIELDS, PolicyError
 from controlplane.policies.models import Policy, effective_policy_for
 from controlplane.topology.models import Cluster, ServedModel
@@ -44,15 +45,17 @@ def policies_view(request):
             rows.append({"model": model, "values": values, "error": error})
         sections.append({"cluster": cluster, "models": rows})
     return render(request, "dashboard/policies.html",
-                  {"sections": sections, "can_edit": can(request.user, ACTION)})
+                  {"sections": sections, "can_edit": can_anywhere(request.user, ACTION)})
 
 
 @login_required
 def policy_edit_view(request, cluster: str, model_id: int | None = None):
-    if not can(request.user, ACTION):
+    if not can_anywhere(request.user, ACTION):
         return HttpResponseForbidden("Your role may not change policies.")
     cluster_obj = get_object_or_404(restrict(Cluster.objects.all(), request.user, READ),
                                     name=cluster)
+    if not can_on(request.user, ACTION, cluster_obj):
+        return HttpResponseForbidden("Your role on this cluster may not change policies.")
     model = None
     if model_id is not None:
         model = get_object_or_404(ServedModel, pk=model_id, cluster=cluster_obj)

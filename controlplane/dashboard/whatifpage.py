@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
+from django.http import HttpResponseForbidden
 from django.shortcuts import render
 
 import pdcatalog as catalog
+from controlplane.accounts.access import can_anywhere
 from controlplane.planner.whatif import WhatIfError, WhatIfQuery, whatif
 
 # Both from the one hardware and model catalog (pdcatalog).
@@ -24,6 +26,8 @@ FORM_FIELDS = ("gpu", "nodes", "gpus_per_node", "tp", "nvlink_group_size", "nic_
 @login_required
 def whatif_fragment_view(request):
     """Renders the answer (or inline errors) for the form on the models page."""
+    if not can_anywhere(request.user, "read"):  # a read role on any cluster will do
+        return HttpResponseForbidden("Your role does not allow 'read'.")
     data = {k: v for k, v in request.GET.items() if k in FORM_FIELDS and v != ""}
     if "rdma" not in request.GET:
         data["rdma"] = False
