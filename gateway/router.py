@@ -107,8 +107,10 @@ def cost_of(
 ) -> Scored:
     """Dynamo's cost. With ``kv_reuse`` the decode term counts only the KV blocks the
     request adds: with prefix caching its cached blocks are shared, not copied."""
-    credit = overlap_weight * cached_blocks if use_cache else 0.0
-    prefill = load_weight * max(load.prefill_blocks + request_blocks - credit, 0.0)
+    # The credit offsets this request's own prompt blocks only, never the work queued ahead
+    # of it: a cached prefix cannot make an overloaded worker look idle.
+    credit = min(overlap_weight * cached_blocks, request_blocks) if use_cache else 0.0
+    prefill = load_weight * (max(load.prefill_blocks, 0.0) + request_blocks - credit)
     added = request_blocks - (min(cached_blocks, request_blocks) if kv_reuse and use_cache else 0)
     decode = load.decode_blocks + added
     return Scored(worker_id, prefill + decode, prefill, decode, cached_blocks)
@@ -150,6 +152,34 @@ def pick(
     return tied[0] if len(tied) == 1 else rng.choice(tied)
 
 
+@dataclass(frozen=True)
+class AffinityBound:
+    """How far prefix affinity may load a worker beyond the candidates' mean.
+
+    A holder is followed only while its in-flight requests are at most ``load_factor`` ×
+    the mean (+1), its queued prefill at most ``load_factor`` × the mean (+ this request's
+    blocks), and its KV blocks in use at most ``kv_limit`` of its capacity (``capacity``:
+    worker id → KV blocks; unknown or 0 = no bound). Means scale with the fleet and with its
+    pressure, so under overload a prefix is still followed to a worker as busy as the rest
+    but not to one far busier. ``load_factor`` 0 turns the bound off."""
+
+    load_factor: float = 1.5
+    kv_limit: float = 0.9
+    capacity: Mapping[str, float] = field(default_factory=dict)
+
+    def admits(self, s: Scored, loads: Mapping[str, WorkerLoad], mean_in_flight: float,
+               mean_queue: float, request_blocks: float) -> bool:
+        if self.load_factor <= 0:
+            return True
+        load = loads.get(s.worker_id, WorkerLoad())
+        if load.in_flight > self.load_factor * mean_in_flight + 1:
+            return False
+        if load.prefill_blocks > self.load_factor * mean_queue + request_blocks:
+            return False
+        cap = self.capacity.get(s.worker_id, 0.0)
+        return not (cap > 0 and self.kv_limit > 0 and load.decode_blocks > self.kv_limit * cap)
+
+
 def follow_prefix(
     scores: Sequence[Scored],
     match_ratio: Mapping[str, float],
@@ -158,19 +188,32 @@ def follow_prefix(
     min_match: float,
     imbalance_abs: float,
     imbalance_rel: float,
+    bound: AffinityBound | None = None,
+    request_blocks: float = 0.0,
 ) -> Scored | None:
-    """The worker holding the longest cached prefix, when it covers at least ``min_match``
-    of the prompt and load is not imbalanced (ties: lowest cost); else None (use the cost)."""
+    """The worker holding the longest cached prefix that covers at least ``min_match`` of
+    the prompt and that ``bound`` admits (ties: lowest cost), unless in-flight counts are
+    imbalanced fleet-wide (max − min > ``imbalance_abs`` AND max > ``imbalance_rel`` × min);
+    else None (use the cost)."""
     if len(scores) < 2:
         return None
-    best = max(match_ratio.get(s.worker_id, 0.0) for s in scores)
-    if best <= 0 or best < min_match:
+    holders = [s for s in scores if match_ratio.get(s.worker_id, 0.0) >= max(min_match, 1e-9)]
+    if not holders:
         return None
     in_flight = [loads.get(s.worker_id, WorkerLoad()).in_flight for s in scores]
     hi, lo = max(in_flight), min(in_flight)
     if hi - lo > imbalance_abs and hi > imbalance_rel * lo:
         return None
-    holders = [s for s in scores if match_ratio.get(s.worker_id, 0.0) >= best - 1e-9]
+    if bound is not None:
+        mean_in_flight = sum(in_flight) / len(scores)
+        mean_queue = sum(loads.get(s.worker_id, WorkerLoad()).prefill_blocks
+                         for s in scores) / len(scores)
+        holders = [s for s in holders
+                   if bound.admits(s, loads, mean_in_flight, mean_queue, request_blocks)]
+        if not holders:
+            return None
+    best = max(match_ratio.get(s.worker_id, 0.0) for s in holders)
+    holders = [s for s in holders if match_ratio.get(s.worker_id, 0.0) >= best - 1e-9]
     return min(holders, key=lambda s: s.cost)
 
 
@@ -247,11 +290,17 @@ def plan_request(
     ratios = {w: min(t, prompt_tokens) / prompt_tokens
               for w, t in cached_tokens.items()} if prompt_tokens > 0 else {}
 
+    bound = AffinityBound(
+        model.affinity_load_factor, model.affinity_kv_limit,
+        {w.id: w.kv_tokens / bs for w in active if w.kv_tokens > 0},
+    )
+
     def choose(scores: list[Scored]) -> tuple[Scored, bool]:
         """(chosen, by prefix affinity?)"""
         followed = follow_prefix(scores, ratios, loads, min_match=model.prefix_min_match,
                                  imbalance_abs=model.imbalance_abs,
-                                 imbalance_rel=model.imbalance_rel)
+                                 imbalance_rel=model.imbalance_rel, bound=bound,
+                                 request_blocks=request_blocks)
         if followed is not None:
             return followed, True
         return pick(scores, model.temperature, rng, loads, inflow,

@@ -69,7 +69,8 @@ class WorkerEntry:
 
 # Routing fields a table may carry (else ModelRoute's defaults apply).
 OPTIONAL_ROUTING = ("prefix_min_match", "imbalance_abs", "imbalance_rel",
-                    "cache_balance_band", "first_token_deadline_ms")
+                    "cache_balance_band", "first_token_deadline_ms",
+                    "affinity_load_factor", "affinity_kv_limit")
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,12 @@ class ModelRoute:
     # Workers within this fraction of the lowest cost count as tied; the one that took the
     # least new KV lately wins (keeps every engine's cache history equally long). 0: off.
     cache_balance_band: float = 0.1
+    # Prefix affinity bounded by load (gateway.router.AffinityBound): a holder is followed
+    # only while its in-flight requests and queued prefill are at most this × the
+    # candidates' mean (plus one request), and its KV in use at most `affinity_kv_limit` of
+    # its capacity. 0: no bound (the imbalance rule above only).
+    affinity_load_factor: float = 1.5
+    affinity_kv_limit: float = 0.9
     # Streaming requests with no first token this long after they reached the gateway are
     # cancelled upstream and answered 503 (load shedding; policy shed_after_ttft_factor ×
     # the TTFT target). 0: never.

@@ -23,6 +23,15 @@ class EffectivePolicy:
     load_weight: float = 1.0
     routing_temperature: float = 0.0
     routing_block_size: int = 0  # 0: use the served model's KV block size
+    # Prefix affinity (gateway.router, docs/routing-table.md): follow a cached prefix that
+    # covers at least prefix_min_match of the prompt, while the holder's in-flight requests
+    # and queued prefill stay within affinity_load_factor × the mean (0: unbounded) and its
+    # KV use within affinity_kv_limit of capacity; among costs within cache_balance_band of
+    # the lowest, the worker that took the least new KV lately wins.
+    prefix_min_match: float = 0.3
+    affinity_load_factor: float = 1.5
+    affinity_kv_limit: float = 0.9
+    cache_balance_band: float = 0.1
     # Load shedding at the gateway: a request with no first token after this many times the
     # TTFT target is cancelled (it has missed the target; serving it late only delays the
     # requests behind it). 0: off.
@@ -76,6 +85,11 @@ def validate_policy(p: EffectivePolicy) -> dict[str, str]:
         errors["shed_after_ttft_factor"] = "must be 0 (off) or at least 1"
     if p.routing_temperature < 0:
         errors["routing_temperature"] = "must not be negative"
+    for name in ("prefix_min_match", "affinity_load_factor", "cache_balance_band"):
+        if getattr(p, name) < 0:
+            errors[name] = "must not be negative"
+    if not 0 <= p.affinity_kv_limit <= 1:
+        errors["affinity_kv_limit"] = "must be in [0, 1] (0: no KV bound)"
     if p.disaggregation_mode not in {"auto", "aggregated", "disaggregated"}:
         errors["disaggregation_mode"] = "must be auto, aggregated or disaggregated"
     if p.rebalancing_mode not in {"off", "recommend", "auto"}:

@@ -53,6 +53,14 @@ class Policy(TimestampedModel):
     load_weight = _opt_float("Weight of the worker's prefill load in the routing cost")
     routing_temperature = _opt_float("0 = always the cheapest worker; > 0 samples a softmax")
     routing_block_size = _opt_int("Tokens per block for prefix matching (0 = model's)")
+    prefix_min_match = _opt_float(
+        "Follow a cached prefix covering at least this share of the prompt (0–1)")
+    affinity_load_factor = _opt_float(
+        "Prefix affinity only to a worker within this × the mean load (0 = unbounded)")
+    affinity_kv_limit = _opt_float(
+        "Prefix affinity only to a worker using at most this share of its KV (0–1)")
+    cache_balance_band = _opt_float(
+        "Costs within this fraction of the lowest count as tied; least new KV wins")
     shed_after_ttft_factor = _opt_float(
         "Gateway cancels a request with no first token after this many times the TTFT "
         "target (0 = never)"

@@ -102,6 +102,7 @@ def _build_model(model, nodes, fabrics) -> dict[str, Any]:
             "kv_overlap_weight": float(policy.get("kv_overlap_weight", 1.0)),
             "load_weight": float(policy.get("load_weight", 1.0)),
             "temperature": float(policy.get("routing_temperature", 0.0)),
+            **_affinity(policy),
             **_deadline(policy),
         },
         "disaggregation": {
@@ -109,6 +110,22 @@ def _build_model(model, nodes, fabrics) -> dict[str, Any]:
         },
         "workers": entries,
     }
+
+
+# Prefix affinity and cache balance (gateway.router): policy field -> table field. Absent
+# from the policy (an old snapshot): left out, and the gateway's defaults apply.
+AFFINITY_FIELDS = {
+    "prefix_min_match": "prefix_min_match",
+    "cache_balance_band": "cache_balance_band",
+    "affinity_load_factor": "affinity_load_factor",
+    "affinity_kv_limit": "affinity_kv_limit",
+}
+
+
+def _affinity(policy: dict) -> dict:
+    """The affinity and balance weights of the gateway's router, from policy."""
+    return {table_key: float(policy[key]) for key, table_key in AFFINITY_FIELDS.items()
+            if policy.get(key) is not None}
 
 
 def _deadline(policy: dict) -> dict:

@@ -72,3 +72,13 @@ def test_shedding_factor_is_off_or_at_least_one(factor):
     assert "shed_after_ttft_factor" in exc.value.errors
     policy, _ = merge_policy({"shed_after_ttft_factor": 2})
     assert policy.shed_after_ttft_factor == 2
+
+
+def test_affinity_weights_are_validated():
+    _, _ = merge_policy(None, {"_source": "model", "affinity_load_factor": 0.0,
+                               "affinity_kv_limit": 1.0})
+    for field, value in (("affinity_load_factor", -1.0), ("affinity_kv_limit", 1.5),
+                         ("prefix_min_match", -0.1), ("cache_balance_band", -0.5)):
+        with pytest.raises(PolicyError) as info:
+            merge_policy(None, {"_source": "model", field: value})
+        assert field in info.value.errors

@@ -265,3 +265,55 @@ def test_cache_balance_band_is_validated():
     table = static_table("m", [w("A")], block_size=BS, routing={"cache_balance_band": -0.1})
     with pytest.raises(TableError, match="cache_balance_band"):
         parse(table)
+
+
+def test_affinity_bound_scales_with_the_fleet_and_its_load():
+    # 8 workers under overload, every one busy; the holder H has 2× the mean in flight:
+    # the fixed 64-request gap never triggers, the bound (1.5× the mean + 1) does.
+    ids = [f"w{i}" for i in range(8)]
+    loads = {i: WorkerLoad(200, 400, 20) for i in ids}
+    loads["w0"] = WorkerLoad(200, 600, 40)
+    model = model_of([w(i) for i in ids])
+    plan = plan_request(model, 10 * BS, {"w0": 9 * BS}, loads, random.Random(0))
+    assert plan.decode != "w0" and plan.reason == "kv_aware"
+    # As busy as the rest (within the bound): the prefix is followed.
+    loads["w0"] = WorkerLoad(200, 600, 24)
+    plan = plan_request(model, 10 * BS, {"w0": 9 * BS}, loads, random.Random(0))
+    assert plan.decode == "w0" and plan.reason == "kv_prefix"
+    # A long prefill queue (> 1.5× the mean + this request) also stops it.
+    loads["w0"] = WorkerLoad(400, 600, 20)
+    assert plan_request(model, 10 * BS, {"w0": 9 * BS}, loads, random.Random(0)).decode != "w0"
+    # The bound comes from the table; 0 turns it off (the old imbalance rule only).
+    unbounded = model_of([w(i) for i in ids], affinity_load_factor=0)
+    loads["w0"] = WorkerLoad(200, 600, 40)
+    assert plan_request(unbounded, 10 * BS, {"w0": 9 * BS}, loads,
+                        random.Random(0)).decode == "w0"
+
+
+def test_a_shorter_admitted_prefix_beats_an_overloaded_longer_one():
+    ids = ["a", "b", "c", "d"]
+    loads = {i: WorkerLoad(0, 50, 4) for i in ids}
+    loads["a"] = WorkerLoad(0, 50, 30)  # holds the longest prefix but is overloaded
+    cached = {"a": 9 * BS, "b": 6 * BS}
+    plan = plan_request(model_of([w(i) for i in ids]), 10 * BS, cached, loads,
+                        random.Random(0))
+    assert plan.decode == "b" and plan.reason == "kv_prefix" and plan.cached_tokens == 6 * BS
+
+
+def test_kv_pressure_bounds_affinity():
+    table = static_table("m", [w("A"), w("B")], block_size=BS, routing={"temperature": 0.0})
+    for entry in table["models"][0]["workers"]:
+        entry["capacity"]["kv_tokens"] = 100 * BS
+    model = parse(table).models["m"]
+    full = {"A": WorkerLoad(0, 10, 2), "B": WorkerLoad(0, 95, 2)}  # B: 95 % of its KV
+    assert plan_request(model, 10 * BS, {"B": 9 * BS}, full, random.Random(0)).decode == "A"
+    roomy = {"A": WorkerLoad(0, 10, 2), "B": WorkerLoad(0, 60, 2)}
+    assert plan_request(model, 10 * BS, {"B": 9 * BS}, roomy, random.Random(0)).decode == "B"
+
+
+def test_cache_credit_never_offsets_queued_work():
+    # With a large overlap weight the credit would once cancel B's whole queue.
+    loads = {"A": WorkerLoad(0, 0), "B": WorkerLoad(50, 0)}
+    a = cost_of("A", loads["A"], 10, 0, overlap_weight=5.0, load_weight=1.0)
+    b = cost_of("B", loads["B"], 10, 9, overlap_weight=5.0, load_weight=1.0)
+    assert b.prefill_term == 50 and a.prefill_term == 10 and a.cost < b.cost

@@ -168,3 +168,26 @@ def test_first_token_deadline_follows_the_shedding_policy():
     table = build_table(snap)
     assert table["models"][0]["routing"]["first_token_deadline_ms"] == 3000.0
     assert validate_table(table) == []
+
+
+def test_affinity_and_balance_weights_come_from_policy():
+    from controlplane.policies.effective import DEFAULT_POLICY
+    from gateway.table import parse
+
+    snap = snapshot([worker("a", "h1"), worker("b", "h1")])
+    # An old snapshot without the fields: none emitted, the gateway's defaults apply.
+    assert "affinity_load_factor" not in build_table(snap)["models"][0]["routing"]
+    snap["models"][0]["policy"] = {**DEFAULT_POLICY.as_dict(), "affinity_load_factor": 2.0,
+                                   "affinity_kv_limit": 0.8, "prefix_min_match": 0.5,
+                                   "cache_balance_band": 0.0}
+    table = build_table(snap)
+    routing = table["models"][0]["routing"]
+    assert (routing["affinity_load_factor"], routing["affinity_kv_limit"],
+            routing["prefix_min_match"], routing["cache_balance_band"]) == (2.0, 0.8, 0.5, 0.0)
+    assert validate_table(table) == []
+    model = parse(table).models["m"]
+    assert (model.affinity_load_factor, model.affinity_kv_limit, model.prefix_min_match,
+            model.cache_balance_band) == (2.0, 0.8, 0.5, 0.0)
+    bad = copy.deepcopy(table)
+    bad["models"][0]["routing"]["affinity_load_factor"] = -1
+    assert validate_table(bad)
