@@ -53,6 +53,21 @@ def _openai_error(status: int, message: str, kind: str, code: str | None = None)
     )
 
 
+class BodyTooLarge(ValueError):
+    pass
+
+
+async def read_limited(stream, limit: int) -> bytes:
+    """The whole body, refused as soon as it passes ``limit`` bytes (never buffered beyond)."""
+    chunks, size = [], 0
+    async for chunk in stream.iter_chunked(256 * 1024):
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"body is over the {limit}-byte limit")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def _has_token(data: bytes) -> bool:
     """Does a streamed chunk carry generated text (not only chat's opening role chunk)?"""
     return not (b'"role"' in data and b'"content":""' in data and data.count(b"data:") <= 1)
@@ -97,7 +112,7 @@ class Gateway:
     def __init__(self, config: GatewayConfig):
         self.config = config
         self.metrics = GatewayMetrics()
-        self.store = TableStore(config.state_file)
+        self.store = TableStore(config.state_file, cluster=config.cluster)
         self.store.on_change(self._table_changed)
         self.approx = ApproxPrefixIndex(ttl_s=config.approx_ttl_s)
         self.precise: dict[str, PreciseIndex] = {}
@@ -243,7 +258,11 @@ class Gateway:
             ) as response:
                 if response.status == 304:
                     return True
-                raw = await response.read()
+                limit = cfg.max_table_bytes
+                if (response.content_length or 0) > limit:
+                    raise BodyTooLarge(f"table of {response.content_length} bytes is over the "
+                                       f"{limit}-byte limit")
+                raw = await read_limited(response.content, limit)
                 if response.status != 200:
                     self.last_pull_error = f"HTTP {response.status}: {raw[:200]!r}"
                     log.warning("table pull failed: %s", self.last_pull_error)
@@ -255,6 +274,8 @@ class Gateway:
                 self.last_pull_error = result.error if result.outcome == "nack" else ""
                 return result.outcome != "nack"
         except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
+            if isinstance(exc, BodyTooLarge):
+                self.metrics.table_updates.labels("too_large", "pull").inc()
             self.last_pull_error = repr(exc)
             log.info("table pull failed: %r", exc)
             return False
@@ -278,22 +299,45 @@ class Gateway:
             return exc.reason
         return None
 
+    def _refuse_push(self, status: int, outcome: str, reason: str, error: str):
+        self.metrics.table_updates.labels(outcome, "push").inc()
+        return web.json_response({"status": outcome, "applied_version": self.store.version,
+                                  "reason": reason, "error": error}, status=status)
+
     async def admin_put_table(self, request: web.Request) -> web.Response:
-        raw = await request.read()
+        # Everything that can be refused before the body is read is refused first: an
+        # unsigned or oversized push costs no memory.
+        problem = None
+        if not self.config.admin_secrets:
+            problem = "admin API disabled (no secret configured)"
+        else:
+            try:
+                signing.check_headers(request.headers.get(signing.TIMESTAMP_HEADER),
+                                      request.headers.get(signing.SIGNATURE_HEADER),
+                                      now=time.time())
+            except signing.SignatureError as exc:
+                problem = exc.reason
+        if problem:
+            return self._refuse_push(401, "unauthorized", "unauthorized", problem)
+        limit = self.config.max_table_bytes
+        if (request.content_length or 0) > limit:
+            return self._refuse_push(422, "nack", "too_large",
+                                     f"table of {request.content_length} bytes is over the "
+                                     f"{limit}-byte limit")
+        try:
+            raw = await read_limited(request.content, limit)
+        except BodyTooLarge as exc:
+            return self._refuse_push(422, "nack", "too_large", str(exc))
         problem = self._signature_problem(request, raw)
         if problem:
-            self.metrics.table_updates.labels("unauthorized", "push").inc()
-            return web.json_response({"status": "unauthorized", "error": problem}, status=401)
+            return self._refuse_push(401, "unauthorized", "unauthorized", problem)
         expected = request.headers.get(signing.EXPECTED_VERSION_HEADER)
         if expected and expected.isdigit() and int(expected) != self.store.version:
             log.info("sender believed v%s applied; actual v%d", expected, self.store.version)
         try:
             table = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
-            result_body = {"status": "nack", "applied_version": self.store.version,
-                           "error": f"body is not JSON: {exc}"}
-            self.metrics.table_updates.labels("nack", "push").inc()
-            return web.json_response(result_body, status=422)
+            return self._refuse_push(422, "nack", "not_json", f"body is not JSON: {exc}")
         result = self.store.apply(table)
         self.metrics.table_updates.labels(result.outcome, "push").inc()
         return web.json_response(result.as_dict(), status=result.http_status)

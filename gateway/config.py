@@ -42,6 +42,8 @@ class GatewayConfig:
     # A worker whose KV-event stream stays silent this long after it was sent uncached
     # prompt blocks is "stalled": routed on the approximate index until events come back.
     kv_stall_s: float = 15.0
+    # Largest routing table accepted (push or pull), checked while it streams in.
+    max_table_bytes: int = 32 * 1024 * 1024
     tokenize_via_engine: bool = False
     seed: int | None = None
     log_level: str = "WARNING"
@@ -54,6 +56,8 @@ class GatewayConfig:
             raise GatewayConfigError("control_plane_url needs cluster and gateway_name")
         if self.control_plane_url and not self.admin_secrets:
             raise GatewayConfigError("pulling from the control plane needs an admin secret")
+        if self.max_table_bytes < 1024:
+            raise GatewayConfigError("max_table_bytes must be at least 1024")
         if self.pull_interval_s < 0:
             raise GatewayConfigError("pull_interval_s must be ≥ 0 (0 = pull only at start)")
         if self.log_level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:

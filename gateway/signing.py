@@ -49,6 +49,27 @@ def signed_headers(
     }
 
 
+def check_headers(
+    timestamp_header: str | None,
+    signature_header: str | None,
+    *,
+    now: float,
+    tolerance_s: int = DEFAULT_TOLERANCE_S,
+) -> None:
+    """What can be checked before the body is read (missing headers, stale timestamp), so an
+    unsigned request is refused without buffering it. Raises :class:`SignatureError`."""
+    if not timestamp_header or not signature_header:
+        raise SignatureError("missing signature or timestamp header")
+    try:
+        timestamp = int(timestamp_header)
+    except ValueError:
+        raise SignatureError("timestamp is not an integer") from None
+    if abs(now - timestamp) > tolerance_s:
+        raise SignatureError(f"timestamp outside ±{tolerance_s}s of the receiver's clock")
+    if not any(part.startswith("v1=") for part in signature_header.split()):
+        raise SignatureError("no v1 signature in the header")
+
+
 def verify(
     secrets: str | list[str],
     timestamp_header: str | None,

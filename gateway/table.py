@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +26,9 @@ MODES = ("aggregated", "disaggregated", "conditional")
 ROLES = ("prefill", "decode", "both")
 STATES = ("active", "draining")
 LINKS = ("nvlink", "pcie", "rdma", "tcp")
+MAX_COUNT = 2**53  # integers beyond this are not exact in JSON readers elsewhere
+MAX_TEXT = 1024  # ids, names, URLs, endpoints
+_SPACE = re.compile(r"\s")
 
 
 class TableError(ValueError):
@@ -105,11 +112,12 @@ class ModelRoute:
     # the TTFT target). 0: never.
     first_token_deadline_ms: float = 0.0
 
+    def __post_init__(self) -> None:
+        # Built once when the table is applied; a request looks workers up in O(1).
+        object.__setattr__(self, "_by_id", {w.id: w for w in self.workers})
+
     def worker(self, worker_id: str) -> WorkerEntry | None:
-        for w in self.workers:
-            if w.id == worker_id:
-                return w
-        return None
+        return self._by_id.get(worker_id)
 
 
 @dataclass(frozen=True)
@@ -128,7 +136,25 @@ def _is_int(v) -> bool:
 
 
 def _is_num(v) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
+    """A finite number a float can hold (huge JSON integers would overflow float())."""
+    if not isinstance(v, int | float) or isinstance(v, bool):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
+def _is_count(v, lo: int = 0) -> bool:
+    return _is_int(v) and lo <= v <= MAX_COUNT
+
+
+def _text(v, max_len: int = MAX_TEXT) -> bool:
+    return isinstance(v, str) and 0 < len(v) <= max_len
+
+
+def _endpoint(v) -> bool:
+    return _text(v) and v.startswith(("tcp://", "ipc://", "inproc://"))
 
 
 def validate(raw: Any) -> list[str]:
@@ -138,9 +164,9 @@ def validate(raw: Any) -> list[str]:
         return ["(root): the table must be a JSON object"]
     if raw.get("schema_version") != 1:
         p.append(f"schema_version: unsupported {raw.get('schema_version')!r} (this gateway: 1)")
-    if not isinstance(raw.get("cluster"), str) or not raw.get("cluster"):
+    if not _text(raw.get("cluster")):
         p.append("cluster: must be a non-empty string")
-    if not _is_int(raw.get("version")) or raw["version"] < 0:
+    if not _is_count(raw.get("version")):
         p.append("version: must be a non-negative integer")
     models = raw.get("models")
     if not isinstance(models, list):
@@ -152,20 +178,24 @@ def validate(raw: Any) -> list[str]:
             p.append(f"{where}: must be an object")
             continue
         name = m.get("name")
-        if not isinstance(name, str) or not name:
+        if not _text(name):
             p.append(f"{where}/name: must be a non-empty string")
         elif name in names:
             p.append("models: model names must be unique")
-        names.add(name)
-        if m.get("mode") not in MODES:
+        else:
+            names.add(name)
+        if not isinstance(m.get("mode"), str) or m["mode"] not in MODES:
             p.append(f"{where}/mode: must be one of {MODES}")
-        if not _is_int(m.get("kv_block_size")) or m["kv_block_size"] < 1:
+        if not _is_count(m.get("kv_block_size"), 1):
             p.append(f"{where}/kv_block_size: must be a positive integer")
+        kv_bytes = m.get("kv_bytes_per_token")
+        if kv_bytes is not None and not _is_count(kv_bytes):
+            p.append(f"{where}/kv_bytes_per_token: must be an integer ≥ 0")
         routing = m.get("routing")
         if not isinstance(routing, dict):
             p.append(f"{where}/routing: must be an object")
         else:
-            if not _is_int(routing.get("block_size")) or routing["block_size"] < 1:
+            if not _is_count(routing.get("block_size"), 1):
                 p.append(f"{where}/routing/block_size: must be a positive integer")
             for key in ("kv_overlap_weight", "load_weight", "temperature"):
                 if not _is_num(routing.get(key)) or routing[key] < 0:
@@ -174,49 +204,60 @@ def validate(raw: Any) -> list[str]:
                 if key in routing and (not _is_num(routing[key]) or routing[key] < 0):
                     p.append(f"{where}/routing/{key}: must be a number ≥ 0")
         dis = m.get("disaggregation")
-        if not isinstance(dis, dict) or not _is_int(dis.get("local_prefill_max_tokens")) or (
-            dis["local_prefill_max_tokens"] < 0
-        ):
+        if not isinstance(dis, dict) or not _is_count(dis.get("local_prefill_max_tokens")):
             p.append(f"{where}/disaggregation/local_prefill_max_tokens: must be an integer ≥ 0")
         workers = m.get("workers")
         if not isinstance(workers, list):
             p.append(f"{where}/workers: must be a list")
             continue
-        ids = [w.get("id") for w in workers if isinstance(w, dict)]
-        if len(set(ids)) != len(ids):
+        # One set for the whole list (it used to be rebuilt per worker: quadratic).
+        ids = [w.get("id") for w in workers if isinstance(w, dict) and _text(w.get("id"))]
+        id_set = set(ids)
+        if len(id_set) != len(ids):
             p.append(f"{where}/workers: worker ids must be unique")
         for j, w in enumerate(workers):
-            p.extend(_worker_problems(w, f"{where}/workers/{j}", set(ids)))
+            p.extend(_worker_problems(w, f"{where}/workers/{j}", id_set))
+            if len(p) > MAX_PROBLEMS:
+                return [*p[:MAX_PROBLEMS], "… (more problems not listed)"]
     return p
+
+
+MAX_PROBLEMS = 100
 
 
 def _worker_problems(w: Any, where: str, ids: set) -> list[str]:
     if not isinstance(w, dict):
         return [f"{where}: must be an object"]
     p = []
-    if not isinstance(w.get("id"), str) or not w["id"]:
+    if not _text(w.get("id")):
         p.append(f"{where}/id: must be a non-empty string")
     url = w.get("url")
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")) or any(
-        c.isspace() for c in url
-    ):
+    if not _text(url) or not url.startswith(("http://", "https://")) or _SPACE.search(url):
         p.append(f"{where}/url: must be an http(s) URL")
-    if w.get("role") not in ROLES:
+    if not isinstance(w.get("role"), str) or w["role"] not in ROLES:
         p.append(f"{where}/role: must be one of {ROLES}")
-    if w.get("state") not in STATES:
+    previous = w.get("previous_role")
+    if previous is not None and (not isinstance(previous, str) or previous not in ROLES):
+        p.append(f"{where}/previous_role: must be null or one of {ROLES}")
+    if not isinstance(w.get("state"), str) or w["state"] not in STATES:
         p.append(f"{where}/state: must be one of {STATES}")
-    if not isinstance(w.get("node"), str) or not w["node"]:
+    if not _text(w.get("node")):
         p.append(f"{where}/node: must be a non-empty string")
+    if w.get("engine") is not None and not _text(w["engine"], 64):
+        p.append(f"{where}/engine: must be a short string")
     cap = w.get("capacity")
-    if not isinstance(cap, dict) or not _is_int(cap.get("kv_tokens")) or cap["kv_tokens"] < 0:
+    if not isinstance(cap, dict) or not _is_count(cap.get("kv_tokens")):
         p.append(f"{where}/capacity/kv_tokens: must be an integer ≥ 0")
     events = w.get("kv_events")
-    if events is not None and (
-        not isinstance(events, dict)
-        or not isinstance(events.get("endpoint"), str)
-        or not events["endpoint"].startswith(("tcp://", "ipc://", "inproc://"))
-    ):
-        p.append(f"{where}/kv_events/endpoint: must be a tcp://, ipc:// or inproc:// endpoint")
+    if events is not None:
+        if not isinstance(events, dict) or not _endpoint(events.get("endpoint")):
+            p.append(f"{where}/kv_events/endpoint: must be a tcp://, ipc:// or inproc:// "
+                     "endpoint")
+        elif events.get("replay_endpoint") is not None and not _endpoint(
+            events["replay_endpoint"]
+        ):
+            p.append(f"{where}/kv_events/replay_endpoint: must be null or a tcp://, ipc:// "
+                     "or inproc:// endpoint")
     paths = w.get("kv_paths")
     if not isinstance(paths, list):
         p.append(f"{where}/kv_paths: must be a list")
@@ -226,9 +267,10 @@ def _worker_problems(w: Any, where: str, ids: set) -> list[str]:
         if not isinstance(path, dict):
             p.append(f"{pw}: must be an object")
             continue
-        if path.get("to") not in ids:
-            p.append(f"{pw}/to: unknown worker {path.get('to')!r}")
-        if path.get("link") not in LINKS:
+        to = path.get("to")
+        if not _text(to) or to not in ids:
+            p.append(f"{pw}/to: unknown worker {repr(to)[:80]}")
+        if not isinstance(path.get("link"), str) or path["link"] not in LINKS:
             p.append(f"{pw}/link: must be one of {LINKS}")
         if not _is_num(path.get("bandwidth_gbps")) or path["bandwidth_gbps"] < 0:
             p.append(f"{pw}/bandwidth_gbps: must be a number ≥ 0")
@@ -287,6 +329,10 @@ class ApplyResult:
     outcome: str  # ack | stale | nack
     applied_version: int
     error: str = ""
+    # Why a table was refused, for machines: invalid_table, wrong_cluster, not_json,
+    # too_large, stale (empty on ACK); ``problems`` lists what validation found.
+    reason: str = ""
+    problems: list[str] = field(default_factory=list)
 
     @property
     def http_status(self) -> int:
@@ -296,16 +342,23 @@ class ApplyResult:
         body: dict[str, Any] = {"status": self.outcome, "applied_version": self.applied_version}
         if self.error:
             body["error"] = self.error
+        if self.reason:
+            body["reason"] = self.reason
+        if self.problems:
+            body["problems"] = self.problems[:MAX_PROBLEMS]
         return body
 
 
 class TableStore:
     """Holds the current table. A new one replaces it only if valid and newer."""
 
-    def __init__(self, state_file: str | Path | None = None):
+    def __init__(self, state_file: str | Path | None = None, cluster: str | None = None):
         self.current: RoutingTable | None = None
         self.last_error = ""
         self.state_file = Path(state_file) if state_file else None
+        # The gateway's cluster: configured, or else pinned by the first table applied. A
+        # signed table for another cluster is refused (one secret may serve several).
+        self.cluster = cluster
         self._listeners: list = []
 
     @property
@@ -319,9 +372,14 @@ class TableStore:
         try:
             table = parse(raw)
         except TableError as exc:
-            self.last_error = str(exc)
-            log.warning("routing table refused (kept v%d): %s", self.version, exc)
-            return ApplyResult("nack", self.version, str(exc))
+            return self.refuse("invalid_table", str(exc), exc.problems)
+        except Exception as exc:  # validation missed something: still a refusal, not a 500
+            log.exception("routing table could not be built")
+            return self.refuse("invalid_table", f"table could not be built: {exc!r}"[:500])
+        if self.cluster is not None and table.cluster != self.cluster:
+            return self.refuse(
+                "wrong_cluster",
+                f"table is for cluster {table.cluster!r}; this gateway serves {self.cluster!r}")
         if self.current is not None:
             if table.version < self.current.version or (
                 table.version == self.current.version
@@ -330,10 +388,12 @@ class TableStore:
                 return ApplyResult(
                     "stale", self.version,
                     f"version {table.version} is not newer than applied {self.version}",
+                    reason="stale",
                 )
             if table.version == self.current.version:
                 return ApplyResult("ack", self.version)  # idempotent redelivery
         self.current = table
+        self.cluster = table.cluster
         self.last_error = ""
         self._persist(raw)
         log.info("routing table v%d applied (%d models)", table.version, len(table.models))
@@ -343,6 +403,12 @@ class TableStore:
             except Exception:
                 log.exception("table listener failed")
         return ApplyResult("ack", table.version)
+
+    def refuse(self, reason: str, error: str, problems: list[str] | None = None) -> ApplyResult:
+        """A NACK: the current table stays."""
+        self.last_error = error
+        log.warning("routing table refused (kept v%d): %s", self.version, error)
+        return ApplyResult("nack", self.version, error, reason, list(problems or []))
 
     def load_file(self, path: str | Path) -> ApplyResult:
         try:
@@ -358,8 +424,8 @@ class TableStore:
         try:
             self.state_file.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.state_file.parent, prefix=".table-")
-            with os.fdopen(fd, "w") as fh:
-                json.dump(raw, fh)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(orjson.dumps(raw))
             os.replace(tmp, self.state_file)
         except OSError as exc:
             log.warning("could not save the table to %s: %s", self.state_file, exc)

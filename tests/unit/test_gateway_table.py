@@ -37,7 +37,8 @@ def test_invalid_table_is_nacked_and_last_good_kept():
     assert (result.outcome, result.http_status, result.applied_version) == ("nack", 422, 1)
     assert "role" in result.error
     assert store.current.version == 1 and "role" in store.last_error
-    assert result.as_dict() == {"status": "nack", "applied_version": 1, "error": result.error}
+    assert result.as_dict() == {"status": "nack", "applied_version": 1, "error": result.error,
+                                "reason": "invalid_table", "problems": result.problems}
 
 
 def test_listeners_see_applied_tables_only():
