@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 PROTOCOL_VERSION = 1
@@ -315,6 +316,62 @@ def _check_fields(c: _Checker, obj: dict, spec, path: str) -> None:
         c.number(obj, key, path, lo=lo, hi=hi, integer=integer)  # slow path: says why
 
 
+# Optional per-engine cumulative counters and histogram buckets (docs/agent-protocol.md,
+# "Engine counters and histograms"): names are free-form within these limits, so a newer
+# agent can add a family without a protocol change; the control plane uses those it knows.
+MAX_ENGINE_COUNTERS = 32
+MAX_ENGINE_HISTOGRAMS = 16
+MAX_HISTOGRAM_BUCKETS = 64
+
+
+def _finite_number(value) -> bool:
+    return type(value) in (int, float) and value - value == 0
+
+
+def _check_engine_telemetry(c: _Checker, eng: dict, path: str) -> None:
+    counters = eng.get("counters")
+    if counters is not None:
+        where = f"{path}.counters"
+        if type(counters) is not dict or len(counters) > MAX_ENGINE_COUNTERS:
+            c.fail(ErrorCode.BAD_SCHEMA, f"must be an object of at most {MAX_ENGINE_COUNTERS} "
+                   "counters", where)
+        else:
+            for name, value in counters.items():
+                if len(name) > 64 or not _finite_number(value) or not 0 <= value <= BIG:
+                    c.fail(ErrorCode.OUT_OF_RANGE, "must be a finite number ≥ 0",
+                           f"{where}.{name[:64]}")
+    hists = eng.get("histograms")
+    if hists is None:
+        return
+    where = f"{path}.histograms"
+    if type(hists) is not dict or len(hists) > MAX_ENGINE_HISTOGRAMS:
+        c.fail(ErrorCode.BAD_SCHEMA, f"must be an object of at most {MAX_ENGINE_HISTOGRAMS} "
+               "histograms", where)
+        return
+    for name, h in hists.items():
+        p = f"{where}.{name[:64]}"
+        le = h.get("le") if type(h) is dict else None
+        counts = h.get("counts") if type(h) is dict else None
+        if type(le) is not list or type(counts) is not list or len(name) > 64:
+            c.fail(ErrorCode.BAD_SCHEMA, "must be {le: [bounds], counts: [cumulative], sum}", p)
+            continue
+        if len(le) > MAX_HISTOGRAM_BUCKETS or len(counts) != len(le) + 1:
+            c.fail(ErrorCode.BAD_SCHEMA, f"at most {MAX_HISTOGRAM_BUCKETS} finite bounds and "
+                   "one count per bound plus the +Inf count", p)
+            continue
+        if not all(_finite_number(b) for b in le) or any(a >= b for a, b in pairwise(le)):
+            c.fail(ErrorCode.OUT_OF_RANGE, "bounds must be finite and strictly ascending",
+                   f"{p}.le")
+        elif not all(_finite_number(n) and 0 <= n <= BIG for n in counts) or any(
+            a > b for a, b in pairwise(counts)
+        ):
+            c.fail(ErrorCode.OUT_OF_RANGE, "counts must be cumulative: ≥ 0 and non-decreasing",
+                   f"{p}.counts")
+        total = h.get("sum", 0)
+        if not _finite_number(total):
+            c.fail(ErrorCode.OUT_OF_RANGE, "must be a finite number", f"{p}.sum")
+
+
 def validate_report(msg: Any, inventory: Inventory) -> list[ProtocolError]:
     """Check a ``report`` frame against the node's announced inventory."""
     c = _Checker()
@@ -354,6 +411,8 @@ def validate_report(msg: Any, inventory: Inventory) -> list[ProtocolError]:
         if type(used) is int and type(total) is int and total and used > total:
             c.fail(ErrorCode.OUT_OF_RANGE, "KV blocks used exceed total",
                    f"report.engines[{i}].kv_blocks_used")
+        if "counters" in eng or "histograms" in eng:
+            _check_engine_telemetry(c, eng, f"report.engines[{i}]")
         kv = eng.get("kv_events")
         if kv is not None:
             p = f"report.engines[{i}].kv_events"

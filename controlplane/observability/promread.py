@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from prometheus_api_client import PrometheusConnect
 from urllib3.util.retry import Retry
 
+from controlplane.telemetry.histograms import DECODE_SIDE, PREFILL_SIDE, FleetEngineStats
+
 log = logging.getLogger(__name__)
 
 # Histogram families, newest name first (shared/reference/ENGINES.md).
@@ -50,16 +52,18 @@ class LatencyFigures:
         return self.ttft_p95_s is not None or self.itl_p95_s is not None
 
 
-def _selector(labels: dict[str, str]) -> str:
+def _selector(labels: dict[str, str], extra: str = "") -> str:
     def quote(value: str) -> str:
         return value.replace("\\", "\\\\").replace('"', '\\"')
 
-    return "{" + ",".join(f'{k}="{quote(v)}"' for k, v in sorted(labels.items())) + "}"
+    matchers = [f'{k}="{quote(v)}"' for k, v in sorted(labels.items())]
+    return "{" + ",".join([*matchers, extra] if extra else matchers) + "}"
 
 
-def _either(names: tuple[str, ...], labels: dict[str, str], template: str) -> str:
+def _either(names: tuple[str, ...], labels: dict[str, str], template: str,
+            extra: str = "") -> str:
     """``template`` applied to each metric name, joined with ``or`` (old and new names)."""
-    sel = _selector(labels)
+    sel = _selector(labels, extra)
     return " or ".join(f"({template.format(m=name + sel)})" for name in names)
 
 
@@ -72,9 +76,28 @@ def rate_query(names: tuple[str, ...], labels: dict[str, str], window: str) -> s
     return _either(names, labels, f"sum(rate({{m}}[{window}]))")
 
 
+def _side(names: tuple[str, ...], labels: dict[str, str], roles: tuple[str, ...],
+          template: str) -> str:
+    """``template`` over the engines of those roles (the ``role`` label pdplane's service
+    discovery attaches), or over every engine when no series carries that label."""
+    with_role = _either(names, labels, template, f'role=~"{"|".join(roles)}"')
+    return f"({with_role}) or ({_either(names, labels, template)})"
+
+
 def prom_duration(seconds: float) -> str:
     """A Prometheus duration: integer milliseconds ("3.0s" is refused as bad_data)."""
     return f"{max(round(seconds * 1000), 1)}ms"
+
+
+_readers: dict[str, FleetLatencyReader] = {}
+
+
+def reader_for(url: str) -> FleetLatencyReader:
+    """One reader (and its cache) per Prometheus URL in this process."""
+    reader = _readers.get(url)
+    if reader is None:
+        reader = _readers[url] = FleetLatencyReader(url)
+    return reader
 
 
 class FleetLatencyReader:
@@ -98,6 +121,60 @@ class FleetLatencyReader:
     def worker_figures(self, model_name: str, worker: str) -> LatencyFigures | None:
         """``worker`` is the target label pdplane's service discovery attaches."""
         return self._figures({"model_name": model_name, "worker": worker})
+
+    def engine_stats(self, model_name: str, window_s: float) -> FleetEngineStats | None:
+        """The agents' fleet figures (controlplane.telemetry.histograms) from Prometheus:
+        the same counters and buckets, merged by ``sum by (le)``. None on any failure or
+        when Prometheus has no requests for the model in the window."""
+        key = ("engine_stats", model_name, window_s)
+        cached = self._cache.get(key)
+        now = time.monotonic()
+        if cached and now - cached[0] < self.cache_s:
+            return cached[1]
+        try:
+            stats = self._engine_stats({"model_name": model_name}, prom_duration(window_s),
+                                       window_s)
+        except Exception as exc:
+            log.warning("prometheus query failed (%s); falling back to agent figures", exc)
+            stats = None
+        self._cache[key] = (now, stats)
+        return stats
+
+    def _engine_stats(self, labels: dict[str, str], w: str, window_s: float
+                      ) -> FleetEngineStats | None:
+        rate = f"sum(rate({{m}}[{w}]))"
+        buckets = f"sum by (le) (rate({{m}}[{w}]))"
+
+        def q(names, roles, template):
+            return self._scalar(_side(names, labels, roles, template))
+
+        def quantiles(family: tuple[str, ...], roles) -> tuple[float | None, float | None]:
+            names = tuple(n + "_bucket" for n in family)
+            return tuple(q(names, roles, f"histogram_quantile({p}, {buckets})")
+                         for p in (0.5, 0.95))
+
+        def mean(family: str, roles) -> float | None:
+            total = q((family + "_sum",), roles, rate)
+            count = q((family + "_count",), roles, rate)
+            return total / count if total is not None and count else None
+
+        requests = q(("vllm:request_success_total",), DECODE_SIDE, rate)
+        if not requests:
+            return None
+        prompt = quantiles(("vllm:request_prompt_tokens",), PREFILL_SIDE)
+        gen = quantiles(("vllm:request_generation_tokens",), DECODE_SIDE)
+        ttft = quantiles(tuple(n.removesuffix("_bucket") for n in TTFT_BUCKETS), PREFILL_SIDE)
+        itl = quantiles(tuple(n.removesuffix("_bucket") for n in ITL_BUCKETS), DECODE_SIDE)
+        return FleetEngineStats(
+            source="prometheus", window_s=window_s, request_rate=requests,
+            prompt_tokens_per_s=q(("vllm:prompt_tokens_total",), PREFILL_SIDE, rate),
+            generation_tokens_per_s=q(("vllm:generation_tokens_total",), DECODE_SIDE, rate),
+            prompt_tokens_p50=prompt[0], prompt_tokens_p95=prompt[1],
+            prompt_tokens_mean=mean("vllm:request_prompt_tokens", PREFILL_SIDE),
+            generation_tokens_p50=gen[0], generation_tokens_p95=gen[1],
+            generation_tokens_mean=mean("vllm:request_generation_tokens", DECODE_SIDE),
+            ttft_p50_s=ttft[0], ttft_p95_s=ttft[1], itl_p50_s=itl[0], itl_p95_s=itl[1],
+        )
 
     def _figures(self, labels: dict[str, str]) -> LatencyFigures | None:
         key = tuple(sorted(labels.items()))

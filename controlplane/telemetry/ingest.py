@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from . import enginestats
 from .hotstate import HISTORY_POINTS, Keys
 
 ENGINE_FIELDS = (
@@ -96,6 +97,8 @@ def report_commands(ctx: NodeContext, report: dict, now: float, keys: Keys,
     for wid, state in workers.items():
         hset += [f"w:{wid}", orjson.dumps(state)]
     cmds: list[tuple] = [tuple(hset), ("ZADD", keys.seen, now, ctx.node_id)]
+    # Engine counter/histogram snapshots for fleet rates and percentiles.
+    cmds += enginestats.report_snapshot_commands(ctx.workers, report, now, keys, history_due)
     hkey = keys.history("n", ctx.node_id)
     if history_due(hkey, now):
         cmds.append(("RPUSH", hkey, orjson.dumps(node_history_point(report, now))))

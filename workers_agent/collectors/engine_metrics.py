@@ -11,6 +11,11 @@ and the TTFT/ITL quantiles are *windowed*: the difference between this scrape's 
 counters/buckets and an earlier scrape's (``window_s`` ago), the quantile interpolated
 inside its bucket as PromQL ``histogram_quantile(rate(...))`` does. A counter going
 backwards (engine restart) restarts the window.
+
+Each sample also carries the engine's *cumulative* counters and histogram buckets as the
+engine exports them (``counters``, ``histograms``): the control plane keeps two of them per
+engine and merges buckets across engines for fleet percentiles (controlplane/telemetry/
+histograms.py), the way ``histogram_quantile`` over ``sum by (le)`` does.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ PREFIX_HITS = ("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits")
 PROMPT_TOKENS = ("vllm:prompt_tokens", "sglang:prompt_tokens")
 GENERATION_TOKENS = ("vllm:generation_tokens", "sglang:generation_tokens")
 PREEMPTIONS = ("vllm:num_preemptions",)
+REQUEST_SUCCESS = ("vllm:request_success",)  # summed over finished_reason
 TTFT = ("vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds")
 ITL = (
     "vllm:inter_token_latency_seconds",
@@ -39,10 +45,16 @@ ITL = (
     "sglang:inter_token_latency_seconds",
     "sglang:time_per_output_token_seconds",
 )
+REQUEST_PROMPT_TOKENS = ("vllm:request_prompt_tokens",)
+REQUEST_GENERATION_TOKENS = ("vllm:request_generation_tokens",)
 COUNTERS = {"prefix_queries": PREFIX_QUERIES, "prefix_hits": PREFIX_HITS,
             "prompt_tokens": PROMPT_TOKENS, "generation_tokens": GENERATION_TOKENS,
-            "preemptions": PREEMPTIONS}
-HISTOGRAMS = {"ttft": TTFT, "itl": ITL}
+            "preemptions": PREEMPTIONS, "request_success": REQUEST_SUCCESS}
+HISTOGRAMS = {"ttft": TTFT, "itl": ITL, "prompt_tokens": REQUEST_PROMPT_TOKENS,
+              "generation_tokens": REQUEST_GENERATION_TOKENS}
+# Report names of the cumulative histograms (protocol: engine ``histograms``).
+REPORT_HISTOGRAMS = {"ttft": "ttft_s", "itl": "itl_s", "prompt_tokens": "prompt_tokens",
+                     "generation_tokens": "generation_tokens"}
 
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
@@ -118,11 +130,12 @@ def _counter(samples: dict, names: tuple[str, ...]) -> float | None:
 
 
 def _histogram(samples: dict, names: tuple[str, ...]) -> dict[float, float] | None:
-    """Cumulative count per upper bound, summed over every series (engines, DP ranks)."""
+    """Cumulative count per upper bound, summed over every series (engines, DP ranks);
+    the sum of observations under the key ``"sum"`` when the engine exports it."""
     for name in names:
         found = samples.get(name + "_bucket")
         if found:
-            merged: dict[float, float] = {}
+            merged: dict = {}
             for labels, value in found:
                 try:
                     le = float(labels.get("le", "nan").replace("Inf", "inf"))
@@ -130,8 +143,20 @@ def _histogram(samples: dict, names: tuple[str, ...]) -> dict[float, float] | No
                     continue
                 if not math.isnan(le):
                     merged[le] = merged.get(le, 0.0) + value
+            if merged and samples.get(name + "_sum"):
+                merged["sum"] = sum(v for _, v in samples[name + "_sum"])
             return merged or None
     return None
+
+
+def report_histogram(h: dict) -> dict | None:
+    """Protocol shape of a cumulative histogram: finite bounds ``le`` (ascending), counts
+    per bound plus the +Inf count last, and the sum of observations."""
+    bounds = sorted(k for k in h if k != "sum" and not math.isinf(k))
+    if math.inf not in h:
+        return None
+    return {"le": bounds, "counts": [h[b] for b in bounds] + [h[math.inf]],
+            "sum": h.get("sum", 0.0)}
 
 
 @dataclass
@@ -151,12 +176,19 @@ class EngineSample:
     itl_p50_s: float | None = None
     itl_p95_s: float | None = None
     preemptions: int | None = None
+    # Cumulative, as exported: {"request_success": n, "prompt_tokens": n, …} and
+    # {"ttft_s": {"le": [...], "counts": [...], "sum": x}, …} (docs/agent-protocol.md).
+    counters: dict | None = None
+    histograms: dict | None = None
     error: str | None = None
 
     def as_report(self) -> dict:
         out = asdict(self)
         out.pop("block_size")
         out.pop("error")
+        for optional in ("counters", "histograms"):
+            if out[optional] is None:
+                del out[optional]  # an old control plane never sees an unknown empty field
         return out
 
 
@@ -223,6 +255,12 @@ class EngineMetricsCollector:
         )
         if "preemptions" in snap.counters:
             s.preemptions = int(snap.counters["preemptions"])
+        if snap.counters:
+            s.counters = {k: int(v) if float(v).is_integer() else v
+                          for k, v in snap.counters.items()}
+        reported = {REPORT_HISTOGRAMS[k]: r for k, h in snap.histograms.items()
+                    if (r := report_histogram(h)) is not None}
+        s.histograms = reported or None
         self._windowed(s, snap)
         self.history.append(snap)
         return s
@@ -276,6 +314,7 @@ class EngineMetricsCollector:
             now_h, then_h = cur.histograms.get(key), base.histograms.get(key, {})
             if not now_h:
                 continue
-            delta = [(le, max(0.0, c - then_h.get(le, 0.0))) for le, c in now_h.items()]
+            delta = [(le, max(0.0, c - then_h.get(le, 0.0))) for le, c in now_h.items()
+                     if le != "sum"]
             setattr(s, f"{key}_p50_s", histogram_quantile(0.5, delta))
             setattr(s, f"{key}_p95_s", histogram_quantile(0.95, delta))

@@ -1,0 +1,230 @@
+"""Fleet rates and percentiles from the engines' own cumulative counters and histograms.
+
+Pure: no Django, no I/O. Agents report, per engine, the cumulative counters and histogram
+buckets the engine exports (``vllm:request_success_total``, ``vllm:request_prompt_tokens``,
+``vllm:request_generation_tokens``, TTFT and inter-token histograms; see
+docs/agent-protocol.md). Over a window this module takes each engine's difference of two
+snapshots, then
+
+* rates: Σ over engines of Δcounter ÷ that engine's Δt — PromQL ``sum(rate(c[w]))``;
+* percentiles: Δbuckets summed per upper bound across engines, then the quantile
+  interpolated inside the bucket holding the rank — PromQL
+  ``histogram_quantile(q, sum by (le) (rate(h_bucket[w])))``. The interpolation is the
+  agent's :func:`~workers_agent.collectors.engine_metrics.histogram_quantile` (one copy).
+
+A counter that went down means the engine restarted: the window restarts after it.
+Histograms of different bucket layouts (engine versions) merge on their common bounds.
+Which engines count for what, when prefill and decode are split: requests finish, tokens
+are generated and inter-token gaps happen on decode-capable engines (role decode or both);
+prompts are prefilled and the first token is timed on prefill-capable ones (prefill or
+both). A disaggregated request's TTFT as the client sees it also includes the KV transfer
+and the decode engine's first step, which no single engine measures.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+
+from workers_agent.collectors.engine_metrics import histogram_quantile
+
+# Report names (protocol) of the histograms and counters this module reads.
+TTFT, ITL, PROMPT, GENERATION = "ttft_s", "itl_s", "prompt_tokens", "generation_tokens"
+REQUESTS = "request_success"
+PREFILL_SIDE = ("prefill", "both")
+DECODE_SIDE = ("decode", "both")
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Cumulative buckets: ``counts[i]`` observations ≤ ``le[i]``; ``counts[-1]`` is +Inf."""
+
+    le: tuple[float, ...]
+    counts: tuple[float, ...]
+    sum: float = 0.0
+
+    @classmethod
+    def from_report(cls, data: Mapping) -> Histogram:
+        return cls(tuple(float(b) for b in data["le"]), tuple(float(n) for n in data["counts"]),
+                   float(data.get("sum") or 0.0))
+
+    def as_report(self) -> dict:
+        return {"le": list(self.le), "counts": list(self.counts), "sum": self.sum}
+
+    @property
+    def count(self) -> float:
+        return self.counts[-1] if self.counts else 0.0
+
+    def on(self, bounds: tuple[float, ...]) -> Histogram:
+        """The same histogram on a subset of its bounds (cumulative counts stay exact)."""
+        if bounds == self.le:
+            return self
+        at = dict(zip(self.le, self.counts, strict=False))
+        return Histogram(bounds, (*(at[b] for b in bounds), self.count), self.sum)
+
+    def minus(self, earlier: Histogram) -> Histogram | None:
+        """Observations made between ``earlier`` and this one; None after a reset."""
+        common = tuple(sorted(set(self.le) & set(earlier.le)))
+        a, b = self.on(common), earlier.on(common)
+        delta = tuple(x - y for x, y in zip(a.counts, b.counts, strict=True))
+        if any(d < 0 for d in delta):
+            return None
+        return Histogram(common, delta, max(0.0, self.sum - earlier.sum))
+
+    def quantile(self, q: float) -> float | None:
+        buckets = [*zip(self.le, self.counts, strict=False), (math.inf, self.count)]
+        return histogram_quantile(q, buckets)
+
+    def mean(self) -> float | None:
+        return self.sum / self.count if self.count > 0 else None
+
+
+def merge(histograms: Iterable[Histogram]) -> Histogram | None:
+    """Sum by upper bound over histograms (on their common bounds); None if none."""
+    hs = [h for h in histograms if h is not None]
+    if not hs:
+        return None
+    common = set(hs[0].le)
+    for h in hs[1:]:
+        common &= set(h.le)
+    bounds = tuple(sorted(common))
+    on = [h.on(bounds) for h in hs]
+    counts = tuple(sum(col) for col in zip(*(h.counts for h in on), strict=True))
+    return Histogram(bounds, counts, sum(h.sum for h in hs))
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """One engine's cumulative counters and histograms at time ``t`` (agent clock, s)."""
+
+    t: float
+    counters: Mapping[str, float] = field(default_factory=dict)
+    histograms: Mapping[str, Histogram] = field(default_factory=dict)
+
+    @classmethod
+    def from_report(cls, t: float, engine: Mapping) -> EngineSnapshot | None:
+        """From an engine entry of a validated report; None when it carries neither."""
+        counters = engine.get("counters") or {}
+        hists = engine.get("histograms") or {}
+        if not counters and not hists:
+            return None
+        return cls(float(t), {k: float(v) for k, v in counters.items()},
+                   {k: Histogram.from_report(v) for k, v in hists.items()})
+
+    def as_json(self) -> dict:
+        return {"t": self.t, "c": dict(self.counters),
+                "h": {k: h.as_report() for k, h in self.histograms.items()}}
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> EngineSnapshot:
+        return cls(float(data["t"]), {k: float(v) for k, v in data.get("c", {}).items()},
+                   {k: Histogram.from_report(v) for k, v in data.get("h", {}).items()})
+
+    def resets_since(self, earlier: EngineSnapshot) -> bool:
+        return any(self.counters.get(k, v) < v for k, v in earlier.counters.items()) or any(
+            h.count < earlier.histograms[k].count
+            for k, h in self.histograms.items() if k in earlier.histograms
+        )
+
+
+@dataclass(frozen=True)
+class EngineDelta:
+    seconds: float
+    counters: Mapping[str, float]
+    histograms: Mapping[str, Histogram]
+
+
+def window_delta(snapshots: list[EngineSnapshot], window_s: float) -> EngineDelta | None:
+    """The newest snapshot minus the newest one at least ``window_s`` older (else the
+    oldest usable one), never reaching back across an engine restart. ``snapshots`` are
+    oldest first. None when fewer than two usable snapshots exist."""
+    if len(snapshots) < 2:
+        return None
+    latest = snapshots[-1]
+    usable = [latest]
+    for snap in reversed(snapshots[:-1]):
+        if snap.t >= usable[-1].t or usable[-1].resets_since(snap):
+            break
+        usable.append(snap)
+    if len(usable) < 2:
+        return None
+    base = next((s for s in usable[1:] if s.t <= latest.t - window_s), usable[-1])
+    counters = {k: v - base.counters[k] for k, v in latest.counters.items()
+                if k in base.counters}
+    hists = {}
+    for k, h in latest.histograms.items():
+        if k in base.histograms and (d := h.minus(base.histograms[k])) is not None:
+            hists[k] = d
+    return EngineDelta(latest.t - base.t, counters, hists)
+
+
+@dataclass(frozen=True)
+class FleetEngineStats:
+    """What the planner reads about a served model's traffic over a window.
+
+    Rates per second; token figures per request; latencies in seconds. ``None`` means
+    "no data", never zero. ``source`` is "agents" or "prometheus"."""
+
+    source: str
+    window_s: float
+    engines: int = 0
+    request_rate: float | None = None
+    prompt_tokens_per_s: float | None = None
+    generation_tokens_per_s: float | None = None
+    prompt_tokens_p50: float | None = None
+    prompt_tokens_p95: float | None = None
+    prompt_tokens_mean: float | None = None
+    generation_tokens_p50: float | None = None
+    generation_tokens_p95: float | None = None
+    generation_tokens_mean: float | None = None
+    ttft_p50_s: float | None = None
+    ttft_p95_s: float | None = None
+    itl_p50_s: float | None = None
+    itl_p95_s: float | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _side(deltas: list[tuple[str, EngineDelta]], roles: tuple[str, ...]) -> list[EngineDelta]:
+    picked = [d for role, d in deltas if role in roles]
+    return picked or [d for _, d in deltas]  # roles unknown: every engine counts
+
+
+def _rate(deltas: list[EngineDelta], counter: str) -> float | None:
+    parts = [d.counters[counter] / d.seconds for d in deltas
+             if counter in d.counters and d.seconds > 0]
+    return max(0.0, sum(parts)) if parts else None
+
+
+def _hist(deltas: list[EngineDelta], name: str) -> Histogram | None:
+    merged = merge(d.histograms[name] for d in deltas if name in d.histograms)
+    return merged if merged is not None and merged.count > 0 else None
+
+
+def _q(h: Histogram | None, q: float) -> float | None:
+    return h.quantile(q) if h is not None else None
+
+
+def fleet_stats(engines: Iterable[tuple[str, EngineDelta | None]], window_s: float
+                ) -> FleetEngineStats:
+    """Fleet figures from (role, delta) per engine; engines without a delta are skipped."""
+    deltas = [(role, d) for role, d in engines if d is not None]
+    pre, dec = _side(deltas, PREFILL_SIDE), _side(deltas, DECODE_SIDE)
+    prompt, gen = _hist(pre, PROMPT), _hist(dec, GENERATION)
+    ttft, itl = _hist(pre, TTFT), _hist(dec, ITL)
+    rate = _rate(dec, REQUESTS)
+    if rate is None and gen is not None:  # no request counter: finished requests observed
+        seconds = max((d.seconds for d in dec), default=0.0)
+        rate = gen.count / seconds if seconds > 0 else None
+    return FleetEngineStats(
+        source="agents", window_s=window_s, engines=len(deltas), request_rate=rate,
+        prompt_tokens_per_s=_rate(pre, PROMPT), generation_tokens_per_s=_rate(dec, GENERATION),
+        prompt_tokens_p50=_q(prompt, 0.5), prompt_tokens_p95=_q(prompt, 0.95),
+        prompt_tokens_mean=prompt.mean() if prompt else None,
+        generation_tokens_p50=_q(gen, 0.5), generation_tokens_p95=_q(gen, 0.95),
+        generation_tokens_mean=gen.mean() if gen else None,
+        ttft_p50_s=_q(ttft, 0.5), ttft_p95_s=_q(ttft, 0.95),
+        itl_p50_s=_q(itl, 0.5), itl_p95_s=_q(itl, 0.95),
+    )
