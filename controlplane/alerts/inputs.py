@@ -71,6 +71,7 @@ def _node_facts(cluster: Cluster, node: Node, state: dict | None, now: float) ->
         cluster=cluster.name,
         node=node.hostname,
         last_report_age_s=max(0.0, age),
+        monitored=last is not None,
         maintenance=node.status == NodeStatus.MAINTENANCE,
         agent_version=node.agent_version,
         agent_protocol=node.agent_protocol,

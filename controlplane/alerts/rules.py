@@ -108,6 +108,9 @@ class NodeFacts:
     node: str
     # Seconds since the last report; None = never reported.
     last_report_age_s: float | None = None
+    # False: no agent ever reported for this node — "not monitored" on every page, and
+    # not offline either (nothing to page anyone about; nothing else is judged).
+    monitored: bool = True
     maintenance: bool = False
     agent_version: str = ""
     agent_protocol: int | None = None
@@ -234,6 +237,9 @@ def evaluate(
     stale_nodes = set()
     for n in snapshot.nodes:
         labels = _labels(cluster=n.cluster, node=n.node)
+        if not n.monitored:
+            stale_nodes.add((n.cluster, n.node))
+            continue
         offline = not n.maintenance and (
             n.last_report_age_s is None or n.last_report_age_s > cfg[NODE_OFFLINE].threshold
         )

@@ -174,10 +174,9 @@ def test_evaluate_task_raises_alerts_with_labels(hot_prefix):
         (a.rule, a.labels.get("node", a.labels.get("gateway")))
         for a in Alert.objects.filter(is_open=True, status="firing")
     }
-    # gpu-02 never reported: offline, and nothing else is judged about it (its protocol
-    # skew included) until it reports.
+    # gpu-02 never reported: not monitored (no NodeOffline), and nothing else is judged
+    # about it (its protocol skew included) until it reports.
     assert firing == {
-        ("NodeOffline", "gpu-02"),
         ("GpuMemoryHigh", "gpu-01"),
         ("KvCacheUsageHigh", "gpu-01"),
         ("TtftP95OverSlo", "gpu-01"),
@@ -217,7 +216,8 @@ def test_gateway_push_state_from_routing():
     push.objects.create(
         gateway=gw,
         table=v5,
-        status="nacked",
+        status="failed",
+        outcome="nack",
         attempts=1,
         last_error="schema: unknown field",
         next_attempt_at=timezone.now(),
