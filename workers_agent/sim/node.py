@@ -28,6 +28,7 @@ from typing import Any
 from aiohttp import web
 
 import pdcatalog as catalog
+from pdcatalog.gpus import GB
 from workers_agent.sim import profiles
 from workers_agent.sim.fleetconfig import ROLES, EngineConfig, FleetConfig, NodeConfig
 from workers_agent.sim.server import EngineServer, SimClock
@@ -195,7 +196,7 @@ class SimNode:
 
     def _memory_used(self) -> list[int]:
         used = [0.0] * len(self.gpus)
-        overhead = self.hardware.activation_overhead_gb * profiles.GB
+        overhead = self.hardware.activation_overhead_gb * GB
         for engine in self.engines.values():
             stats = engine.engine.stats()
             tp = engine.cfg.tp

@@ -7,6 +7,7 @@ from dataclasses import asdict, is_dataclass
 from typing import Any
 
 from workers_agent.sim import links, profiles, tokens
+from workers_agent.sim.driver import kv_lanes
 from workers_agent.sim.engine import EngineSpec, SimEngine, SimRequest
 from workers_agent.sim.fleetconfig import EngineConfig
 from workers_agent.sim.server.pd import KvPath
@@ -88,8 +89,9 @@ def transfer_seconds(path: KvPath, nbytes: int, hardware: Any, tp: int) -> float
         link = links.pcie(hardware.pcie_generation, hardware.pcie_width)
     else:
         link = links.nic(path.gbps, rdma=path.rdma)
-        tp = 1  # one NIC per node in the simulated topology: no per-rank parallelism
-    return link.transfer_seconds(nbytes, lanes=tp)
+    # The fleet's rule (workers_agent.sim.driver): a lane per TP rank over NVLink and PCIe,
+    # one NIC per node in the simulated topology.
+    return link.transfer_seconds(nbytes, lanes=kv_lanes(link, tp, tp))
 
 
 def stats_dict(stats: Any) -> dict[str, Any]:

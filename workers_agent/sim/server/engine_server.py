@@ -1,9 +1,11 @@
 """One simulated engine behind a vLLM-0.32-compatible HTTP server (aiohttp) and ZMQ sockets.
 
-The engine model (workers_agent.sim.engine) is pure and clock-free; this module drives it in
-real time: take the next step, sleep its duration (scaled by ``time_scale``), finish it, and
-push the produced tokens to the waiting HTTP responses. All engine calls happen on the one
-asyncio loop, so the model needs no locking.
+The engine model (workers_agent.sim.engine) is pure and clock-free, and the one engine driver
+(workers_agent.sim.driver) tracks its requests, latencies and held P/D blocks; this module is
+the real-time clock around them: take the next step, sleep its duration (scaled by
+``time_scale``), finish it, and push the produced tokens to the waiting HTTP responses. The
+HTTP P/D pull (prefill side and decode side) is in workers_agent.sim.server.pd_http. All
+engine calls happen on the one asyncio loop, so the model needs no locking.
 
 Time: the engine sees *simulated* seconds (wall seconds ÷ time_scale since start), and the
 latency histograms in /metrics are in simulated seconds too, so a fleet run ten times faster
@@ -22,14 +24,17 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from workers_agent.sim.driver import EngineDriver, Tracked
 from workers_agent.sim.fleetconfig import EngineConfig
 from workers_agent.sim.kvevents import KvEventPublisher
 from workers_agent.sim.metrics import CONTENT_TYPE, CacheConfigInfo, EngineMetrics
 from workers_agent.sim.server import adapters
-from workers_agent.sim.server.pd import EngineLocation, KvPath, kv_path
+from workers_agent.sim.server.pd import EngineLocation
+from workers_agent.sim.server.pd_http import PdHttp
 from workers_agent.sim.server.protocol import (
     ApiError,
     GenerationRequest,
+    error_middleware,
     full_response,
     new_request_id,
     parse_chat,
@@ -68,36 +73,41 @@ class SimClock:
 
 
 @dataclass
-class _Tracked:
-    """A request in flight, as the HTTP side sees it."""
+class _Client:
+    """The HTTP side of a tracked request: what it asked for and where its tokens go."""
 
-    rid: str
     req: GenerationRequest
-    arrival: float
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
-    scheduled_at: float | None = None
-    first_token_at: float | None = None
-    last_token_at: float | None = None
-    generated: int = 0
-    cached_tokens: int = 0
-    external_tokens: int = 0
-    finished: bool = False
-    finish_reason: str | None = None
-    hold: bool = False
 
 
-@dataclass
-class _Held:
-    """KV blocks a prefill engine keeps for a decode engine to pull."""
+class _Histograms:
+    """The driver's latency figures onto the engine's Prometheus histograms."""
 
-    rid: str
-    header_id: str | None
-    num_tokens: int
-    block_ids: list[int]
-    expires: asyncio.TimerHandle | None = None
+    def __init__(self, metrics: EngineMetrics) -> None:
+        self.metrics = metrics
+
+    def first_token(self, tracked: Tracked, ttft: float) -> None:
+        self.metrics.ttft.observe(max(ttft, 0.0))
+
+    def token_gaps(self, tracked: Tracked, gap: float, count: int) -> None:
+        for _ in range(count):
+            self.metrics.itl.observe(gap)
+
+    def finished(self, tracked: Tracked, *, queued: float, prefill: float,
+                 decode: float) -> None:
+        self.metrics.record_finished(
+            reason=tracked.finish_reason or "length", e2e=tracked.finished_at - tracked.arrival,
+            queued=queued, prefill=prefill, decode=decode, prompt_tokens=tracked.prompt_tokens,
+            generation_tokens=tracked.generated, max_tokens=tracked.max_tokens,
+        )
 
 
-class EngineServer:
+def _reported_cached(tracked: Tracked) -> int:
+    # vLLM reports local prefix-cache hits and KV received from a prefill engine together.
+    return tracked.cached_tokens + tracked.external_tokens
+
+
+class EngineServer(PdHttp):
     def __init__(
         self,
         cfg: EngineConfig,
@@ -142,9 +152,10 @@ class EngineServer:
                 drop_every=cfg.drop_kv_batch_every,
                 batch_format=kv_batch_format,
             )
-        self._requests: dict[str, _Tracked] = {}
-        self._held: dict[str, _Held] = {}
+        self.driver = EngineDriver(self.engine, _Histograms(self.metrics), record_itls=False)
+        self._requests: dict[str, Tracked] = {}
         self._held_by_header: dict[str, str] = {}
+        self._hold_timers: dict[str, asyncio.TimerHandle] = {}
         self._wake = asyncio.Event()
         self._last_submit_wall = 0.0
         self._driver: asyncio.Task | None = None
@@ -179,7 +190,7 @@ class EngineServer:
         }
 
     def build_app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_error_middleware])
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[error_middleware])
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/v1/models", self.models)
@@ -211,16 +222,15 @@ class EngineServer:
             self._driver.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._driver
-        for held in self._held.values():
-            if held.expires:
-                held.expires.cancel()
+        for timer in self._hold_timers.values():
+            timer.cancel()
         # End every open response (streams get a final chunk with finish_reason "abort")
         # so the HTTP server can close without waiting for them.
         for tracked in list(self._requests.values()):
             if not tracked.finished:
                 tracked.finished = True
                 tracked.finish_reason = "abort"
-                tracked.queue.put_nowait(([], True))
+                tracked.context.queue.put_nowait(([], True))
         if self._runner is not None:
             await self._runner.cleanup()
         if self._session is not None:
@@ -247,7 +257,7 @@ class EngineServer:
                 start_wall = wall_now
             sim_start = self.clock.at(start_wall)
             try:
-                step = self.engine.next_step(sim_start)
+                step = self.driver.next_step(sim_start)
             except Exception:
                 log.exception("engine %s: next_step failed", self.cfg.id)
                 step = None
@@ -260,74 +270,26 @@ class EngineServer:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
                 continue
-            self._mark_scheduled(step, sim_start)
             deadline = start_wall + self.clock.wall(step.duration)
             await asyncio.sleep(max(deadline - time.monotonic(), 0.0))
             sim_end = self.clock.at(deadline)
             try:
-                outputs = self.engine.finish_step(step, sim_end)
+                updates = self.driver.finish(step, sim_end)
             except Exception:
                 log.exception("engine %s: finish_step failed", self.cfg.id)
-                outputs = []
+                updates = []
             prev_deadline = deadline
             tokens = adapters.step_tokens(step)
             if tokens:
                 self.metrics.iteration_tokens.observe(tokens)
-            for out in outputs:
-                self._dispatch(out, sim_end)
+            for update in updates:
+                update.tracked.context.queue.put_nowait(
+                    (list(update.new_token_ids), update.finished))
             await self._publish_kv_events()
 
     def _has_pending(self) -> bool:
         stats = self.engine.stats()
         return bool(stats.num_running or stats.num_waiting)
-
-    def _mark_scheduled(self, step: Any, now: float) -> None:
-        ids = adapters.step_request_ids(step)
-        for rid in ids:
-            tracked = self._requests.get(rid)
-            if tracked is not None and tracked.scheduled_at is None:
-                tracked.scheduled_at = now
-
-    def _dispatch(self, out: Any, now: float) -> None:
-        tracked = self._requests.get(out.request_id)
-        if tracked is None:
-            return
-        new_ids = list(out.new_token_ids or [])
-        if out.first_token or (tracked.first_token_at is None and new_ids):
-            if tracked.first_token_at is None:
-                tracked.first_token_at = now
-                # vLLM reports local prefix-cache hits and KV received from a prefill
-                # engine together as cached tokens.
-                external = int(getattr(out, "num_external_tokens", tracked.external_tokens))
-                tracked.cached_tokens = int(out.num_cached_tokens or 0) + external
-                self.metrics.ttft.observe(max(now - tracked.arrival, 0.0))
-        elif new_ids and tracked.last_token_at is not None:
-            gap = (now - tracked.last_token_at) / len(new_ids)
-            for _ in new_ids:
-                self.metrics.itl.observe(gap)
-        if new_ids:
-            tracked.last_token_at = now
-            tracked.generated += len(new_ids)
-        if out.finished:
-            tracked.finished = True
-            tracked.finish_reason = out.finish_reason or "length"
-            self._record_finished(tracked, now)
-        tracked.queue.put_nowait((new_ids, bool(out.finished)))
-
-    def _record_finished(self, tracked: _Tracked, now: float) -> None:
-        first = tracked.first_token_at if tracked.first_token_at is not None else now
-        scheduled = tracked.scheduled_at if tracked.scheduled_at is not None else tracked.arrival
-        scheduled = min(scheduled, first)
-        self.metrics.record_finished(
-            reason=tracked.finish_reason or "length",
-            e2e=now - tracked.arrival,
-            queued=scheduled - tracked.arrival,
-            prefill=first - scheduled,
-            decode=now - first,
-            prompt_tokens=len(tracked.req.prompt_token_ids),
-            generation_tokens=tracked.generated,
-            max_tokens=tracked.req.max_tokens,
-        )
 
     async def _publish_kv_events(self) -> None:
         try:
@@ -371,24 +333,22 @@ class EngineServer:
         transfer_seconds = 0.0
         if req.do_remote_prefill:
             external, transfer_seconds = await self._pull_remote_kv(req, header_id)
-        tracked = _Tracked(rid=rid, req=req, arrival=self.clock.now(), hold=req.do_remote_decode,
-                           external_tokens=external)
-        self._requests[rid] = tracked
         sim_request = adapters.make_request(
             request_id=rid,
             prompt_token_ids=req.prompt_token_ids,
             max_tokens=req.max_tokens,
-            arrival_time=tracked.arrival,
+            arrival_time=self.clock.now(),
             kv_from_remote=external,
             transfer_seconds=transfer_seconds,
             hold_for_remote_decode=req.do_remote_decode,
         )
         try:
-            self.engine.submit(sim_request)
+            tracked = self.driver.submit(sim_request, external_tokens=external,
+                                         context=_Client(req))
         except Exception as exc:
-            self._requests.pop(rid, None)
             log.warning("engine %s refused %s: %s", self.cfg.id, rid, exc)
             raise ApiError(400, f"The engine refused the request: {exc}") from exc
+        self._requests[rid] = tracked
         self._last_submit_wall = time.monotonic()
         self._wake.set()
         try:
@@ -399,37 +359,40 @@ class EngineServer:
             if not tracked.finished:
                 # Client went away (handler cancelled) or the write failed.
                 with contextlib.suppress(Exception):
-                    self.engine.abort(rid)
+                    self.driver.abort(rid)
                 tracked.finish_reason = "abort"
                 self.metrics.counters.request_success["abort"] += 1
                 self._wake.set()
-            elif tracked.hold and rid not in self._held:
+            elif tracked.hold and rid not in self._hold_timers:
                 # Prefilled and held, but the client left before it got the transfer
                 # params: nobody can ever pull these blocks, so free them now.
                 with contextlib.suppress(Exception):
-                    self.engine.release_held(rid)
+                    self.driver.take_held(rid)
                 self._wake.set()
             self._requests.pop(rid, None)
 
-    async def _collect(self, tracked: _Tracked, header_id: str | None) -> web.Response:
+    async def _collect(self, tracked: Tracked, header_id: str | None) -> web.Response:
         token_ids: list[int] = []
+        queue = tracked.context.queue
         while True:
-            new_ids, done = await tracked.queue.get()
+            new_ids, done = await queue.get()
             token_ids.extend(new_ids)
             if done:
                 break
-        req = tracked.req
+        req = tracked.context.req
         kv_params = None
-        if tracked.hold:
+        if tracked.hold and tracked.finish_reason != "abort":
             kv_params = self._hold(tracked, header_id)
         body = full_response(
-            req, tracked.rid, adapters.decode(token_ids), tracked.finish_reason,
-            usage(len(req.prompt_token_ids), len(token_ids), tracked.cached_tokens), kv_params,
+            req, tracked.request_id, adapters.decode(token_ids), tracked.finish_reason,
+            usage(len(req.prompt_token_ids), len(token_ids), _reported_cached(tracked)),
+            kv_params,
         )
         return web.json_response(body)
 
-    async def _stream(self, request: web.Request, tracked: _Tracked) -> web.StreamResponse:
-        req = tracked.req
+    async def _stream(self, request: web.Request, tracked: Tracked) -> web.StreamResponse:
+        req = tracked.context.req
+        rid = tracked.request_id
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
         await resp.prepare(request)
@@ -437,13 +400,13 @@ class EngineServer:
         prompt_len = len(req.prompt_token_ids)
         generated = 0
         if req.kind == "chat":
-            await resp.write(sse(stream_chunk(req, tracked.rid, created, text="", role=True)))
+            await resp.write(sse(stream_chunk(req, rid, created, text="", role=True)))
         elif req.echo_prompt:
-            await resp.write(sse(stream_chunk(req, tracked.rid, created, text=req.echo_prompt)))
+            await resp.write(sse(stream_chunk(req, rid, created, text=req.echo_prompt)))
         while True:
-            new_ids, done = await tracked.queue.get()
+            new_ids, done = await tracked.context.queue.get()
             generated += len(new_ids)
-            usage_body = (usage(prompt_len, generated, tracked.cached_tokens)
+            usage_body = (usage(prompt_len, generated, _reported_cached(tracked))
                           if req.continuous_usage else None)
             if new_ids or done:
                 # Words are space-separated: every chunk after the first starts with one,
@@ -452,7 +415,7 @@ class EngineServer:
                 if text and generated > len(new_ids):
                     text = " " + text
                 await resp.write(sse(stream_chunk(
-                    req, tracked.rid, created, text=text,
+                    req, rid, created, text=text,
                     finish_reason=tracked.finish_reason if done else None,
                     usage_body=usage_body,
                 )))
@@ -460,155 +423,12 @@ class EngineServer:
                 break
         if req.include_usage:
             await resp.write(sse(stream_chunk(
-                req, tracked.rid, created, usage_only=True,
-                usage_body=usage(prompt_len, generated, tracked.cached_tokens),
+                req, rid, created, usage_only=True,
+                usage_body=usage(prompt_len, generated, _reported_cached(tracked)),
             )))
         await resp.write(sse("[DONE]"))
         await resp.write_eof()
         return resp
-
-    # ------------------------------------------------------------------ P/D: prefill side
-
-    def _hold(self, tracked: _Tracked, header_id: str | None) -> dict[str, Any]:
-        num_tokens = len(tracked.req.prompt_token_ids)
-        blocks = adapters.held_block_ids(self.engine, tracked.rid, num_tokens,
-                                         self.cfg.block_size)
-        held = _Held(rid=tracked.rid, header_id=header_id, num_tokens=num_tokens,
-                     block_ids=blocks)
-        loop = asyncio.get_running_loop()
-        held.expires = loop.call_later(self.clock.wall(self.cfg.kv_hold_timeout_s),
-                                       self._expire, tracked.rid)
-        self._held[tracked.rid] = held
-        if header_id:
-            self._held_by_header[header_id] = tracked.rid
-        return {
-            "do_remote_prefill": True,
-            "do_remote_decode": False,
-            "remote_engine_id": self.cfg.id,
-            "remote_block_ids": blocks,
-            "remote_host": self.host,
-            "remote_port": self.cfg.http_port,
-            "remote_request_id": tracked.rid,
-            "remote_num_tokens": num_tokens,
-            "tp_size": self.cfg.tp,
-            "transfer_mode": "pull",
-        }
-
-    def _expire(self, rid: str) -> None:
-        held = self._held.pop(rid, None)
-        if held is None:
-            return
-        if held.header_id:
-            self._held_by_header.pop(held.header_id, None)
-        with contextlib.suppress(Exception):
-            self.engine.release_held(rid)
-        self.metrics.counters.nixl_expired_requests += 1
-        self._wake.set()
-        log.info("engine %s: held KV of %s expired unpulled", self.cfg.id, rid)
-
-    async def kv_pull(self, request: web.Request) -> web.Response:
-        """Internal: a decode engine takes the KV of a held prefill (releases the blocks)."""
-        body = parse_json_object(await request.read())
-        rid = body.get("remote_request_id")
-        engine_id = body.get("remote_engine_id")
-        if engine_id not in (None, self.cfg.id):
-            raise ApiError(404, f"this is engine {self.cfg.id!r}, not {engine_id!r}",
-                           code="kv_transfer_params_unknown")
-        if not isinstance(rid, str) or rid not in self._held:
-            header = body.get("x_request_id")
-            rid = self._held_by_header.get(header) if isinstance(header, str) else None
-        if rid is None or rid not in self._held:
-            raise ApiError(404, "no held KV for this request: unknown, already pulled or "
-                           "expired", code="kv_transfer_params_unknown")
-        try:
-            puller = EngineLocation.from_dict(body.get("puller"))
-        except ValueError as exc:
-            raise ApiError(400, str(exc), param="puller") from exc
-        held = self._held.pop(rid)
-        if held.expires:
-            held.expires.cancel()
-        if held.header_id:
-            self._held_by_header.pop(held.header_id, None)
-        with contextlib.suppress(Exception):
-            self.engine.release_held(rid)
-        self._wake.set()
-        nbytes = held.num_tokens * self.kv_bytes_per_token
-        path = kv_path(self.location, puller)
-        if self.telemetry is not None:
-            self.telemetry.record_kv_transfer(self.cfg.id, path, "tx", nbytes)
-        return web.json_response({
-            "engine_id": self.cfg.id,
-            "profile": self.cfg.model,
-            "gpu_profile": self.gpu_profile,
-            "num_tokens": held.num_tokens,
-            "kv_bytes": nbytes,
-            "block_ids": held.block_ids,
-            "location": self.location.to_dict(),
-        })
-
-    # ------------------------------------------------------------------ P/D: decode side
-
-    async def _pull_remote_kv(self, req: GenerationRequest,
-                              header_id: str | None) -> tuple[int, float]:
-        params = req.kv_transfer_params or {}
-        host, port = params.get("remote_host"), params.get("remote_port")
-        if not isinstance(host, str) or not host:
-            raise ApiError(400, "kv_transfer_params.remote_host is missing",
-                           param="kv_transfer_params")
-        if isinstance(port, str) and port.isdigit():
-            port = int(port)
-        if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
-            raise ApiError(400, "kv_transfer_params.remote_port must be a TCP port",
-                           param="kv_transfer_params")
-        remote_rid = params.get("remote_request_id")
-        if remote_rid is not None and not isinstance(remote_rid, str):
-            raise ApiError(400, "kv_transfer_params.remote_request_id must be a string",
-                           param="kv_transfer_params")
-        assert self._session is not None
-        payload = {
-            "remote_request_id": remote_rid,
-            "remote_engine_id": params.get("remote_engine_id"),
-            "x_request_id": header_id,
-            "puller": self.location.to_dict(),
-        }
-        url = f"http://{host}:{port}/sim/v1/kv/pull"
-        try:
-            async with self._session.post(url, json=payload) as resp:
-                answer = await resp.json(content_type=None)
-                status = resp.status
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            self.metrics.counters.nixl_failed_transfers += 1
-            raise ApiError(502, f"KV transfer from {host}:{port} failed: {exc!r}",
-                           code="kv_transfer_failed") from exc
-        if status != 200:
-            self.metrics.counters.nixl_failed_transfers += 1
-            message = (answer or {}).get("error", {}).get("message", f"HTTP {status}")
-            raise ApiError(404 if status == 404 else 502,
-                           f"KV transfer from {host}:{port} refused: {message}",
-                           code="kv_transfer_params_unknown" if status == 404
-                           else "kv_transfer_failed")
-        if answer.get("profile") != self.cfg.model:
-            self.metrics.counters.nixl_failed_transfers += 1
-            raise ApiError(400, f"the remote KV is for model profile {answer.get('profile')!r}, "
-                           f"this engine serves {self.cfg.model!r}",
-                           param="kv_transfer_params")
-        try:
-            source = EngineLocation.from_dict(answer.get("location"))
-        except ValueError as exc:
-            raise ApiError(502, f"bad pull answer: {exc}", code="kv_transfer_failed") from exc
-        tokens = min(int(answer.get("num_tokens", 0)), len(req.prompt_token_ids))
-        nbytes = tokens * self.kv_bytes_per_token
-        path = kv_path(source, self.location)
-        seconds = self.transfer_seconds(path, nbytes)
-        self.metrics.record_transfer(seconds=seconds, nbytes=nbytes, tokens=tokens)
-        if self.telemetry is not None:
-            self.telemetry.record_kv_transfer(self.cfg.id, path, "rx", nbytes)
-        self.last_transfer = {"path": path.describe(), "bytes": nbytes, "seconds": seconds,
-                              "tokens": tokens, "source_engine": source.engine_id}
-        return tokens, seconds
-
-    def transfer_seconds(self, path: KvPath, nbytes: int) -> float:
-        return adapters.transfer_seconds(path, nbytes, self.hardware_profile, self.cfg.tp)
 
     # ------------------------------------------------------------------ other endpoints
 
@@ -668,7 +488,7 @@ class EngineServer:
             **self.describe(),
             "node": self.location.node,
             "time_scale": self.clock.time_scale,
-            "held_requests": len(self._held),
+            "held_requests": len(self.driver.held),
             "in_flight": len(self._requests),
             "stats": adapters.stats_dict(stats),
             "last_transfer": getattr(self, "last_transfer", None),
@@ -677,22 +497,3 @@ class EngineServer:
                 "dropped": self.publisher.dropped if self.publisher else 0,
             },
         })
-
-
-@web.middleware
-async def _error_middleware(request: web.Request, handler):
-    try:
-        return await handler(request)
-    except ApiError as exc:
-        return web.json_response(exc.body(), status=exc.status)
-    except web.HTTPException as exc:
-        if exc.status >= 400:
-            err = ApiError(exc.status, exc.reason or "error")
-            return web.json_response(err.body(), status=exc.status)
-        raise
-    except (asyncio.CancelledError, ConnectionResetError):
-        raise
-    except Exception as exc:  # never a bare 500 page: log and answer OpenAI-shaped
-        log.exception("unhandled error in %s %s", request.method, request.path)
-        err = ApiError(500, f"internal error: {exc.__class__.__name__}")
-        return web.json_response(err.body(), status=500)

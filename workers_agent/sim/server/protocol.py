@@ -7,11 +7,17 @@ Every problem is a :class:`ApiError` carrying the HTTP status and an OpenAI-shap
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
+
+from aiohttp import web
+
+_log = logging.getLogger("workers_agent.sim.server.engine_server")
 
 # Defaults when the client gives no max_tokens: OpenAI's 16 for completions; for chat vLLM
 # would generate up to the context limit, which a simulator with no end-of-sequence token
@@ -272,3 +278,22 @@ def stream_chunk(req: GenerationRequest, rid: str, created: int, *, text: str | 
 def sse(data: dict[str, Any] | str) -> bytes:
     payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
     return f"data: {payload}\n\n".encode()
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler):
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return web.json_response(exc.body(), status=exc.status)
+    except web.HTTPException as exc:
+        if exc.status >= 400:
+            err = ApiError(exc.status, exc.reason or "error")
+            return web.json_response(err.body(), status=exc.status)
+        raise
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception as exc:  # never a bare 500 page: log and answer OpenAI-shaped
+        _log.exception("unhandled error in %s %s", request.method, request.path)
+        err = ApiError(500, f"internal error: {exc.__class__.__name__}")
+        return web.json_response(err.body(), status=500)
