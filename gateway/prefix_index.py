@@ -308,21 +308,20 @@ class PreciseIndex:
                     held.add(h)
                     self._hash_holders.setdefault(h, set()).add(worker_id)
             elif kind == "BlockRemoved":
-                for h in event.get("block_hashes") or ():
-                    held.discard(h)
-                    holders = self._hash_holders.get(h)
-                    if holders is not None:
-                        holders.discard(worker_id)
-                        if not holders:
-                            del self._hash_holders[h]
+                removed = set(event.get("block_hashes") or ()) & held
+                held -= removed
+                self._drop_hashes(worker_id, removed)
             elif kind == "AllBlocksCleared":
-                for h in held:
-                    holders = self._hash_holders.get(h)
-                    if holders is not None:
-                        holders.discard(worker_id)
-                        if not holders:
-                            del self._hash_holders[h]
+                self._drop_hashes(worker_id, held)
                 held.clear()
+
+    def _drop_hashes(self, worker_id: str, hashes: Iterable[Any]) -> None:
+        for h in hashes:
+            holders = self._hash_holders.get(h)
+            if holders is not None:
+                holders.discard(worker_id)
+                if not holders:
+                    del self._hash_holders[h]
 
     def match_hashes(self, block_hashes: Sequence[Any]) -> dict[str, int]:
         """Worker id → leading tokens it holds, by engine block hashes (:meth:`apply_hashed`)."""

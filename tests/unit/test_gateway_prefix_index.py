@@ -185,3 +185,18 @@ def test_inflow_counts_new_chunks_per_worker_and_decays():
     assert index.inflow("w1", now=10) == pytest.approx(2.5)  # one half-life (ttl_s) later
     index.forget_worker("w1")  # e.g. the engine cleared its cache
     assert index.inflow("w1", now=10) == 0
+
+
+def test_precise_index_by_engine_hashes_follows_stores_and_removals():
+    from gateway.prefix_index import PreciseIndex
+
+    index = PreciseIndex()
+    stored = {"type": "BlockStored", "block_hashes": [11, 12, 13], "parent_block_hash": None,
+              "token_ids": [], "block_size": 16}
+    index.apply_hashed("a", [stored])
+    index.apply_hashed("b", [dict(stored, block_hashes=[11, 12])])
+    assert index.match_hashes([11, 12, 13, 14]) == {"a": 48, "b": 32}
+    index.apply_hashed("a", [{"type": "BlockRemoved", "block_hashes": [12]}])
+    assert index.match_hashes([11, 12, 13]) == {"a": 16, "b": 32}
+    index.apply_hashed("b", [{"type": "AllBlocksCleared"}])
+    assert index.match_hashes([11, 12]) == {"a": 16}
