@@ -1,0 +1,218 @@
+"""Routing quality in virtual time: pdplane's router vs named baselines, at 1×/2×/4× load.
+
+    .venv/bin/python bench/router_quality.py [--quick] [--json OUT] [--engines 8,32]
+        [--loads 1,2,4] [--traces mooncake,azure-conv,azure-code] [--requests N]
+
+Fleets of 8 and 32 simulated engines (Llama 3.3 70B FP8, one H200 each, aggregated, 8 per
+node with NVLink, 400G RDMA between nodes, chunked prefill of 2,048 tokens per step) replay
+the Mooncake and both Azure 2023 traces of ../shared/data/traces/ at full prompt size
+(virtual time: no tokenising cost). Routers:
+
+- ``pdplane``: the product's router, ``gateway.router.plan_request``, fed as the gateway
+  feeds it (``workers_agent.sim.gateway_routing.GatewayRouter``: the control plane's
+  routing table from the default policy, the gateway's load accounting, the approximate
+  prefix index learning from its own decisions);
+- baselines (``bench/routing_baselines.py``): ``round-robin``, ``least-loaded`` and
+  ``dynamo-cost`` (Dynamo's KV cost with the engines' true cache contents).
+
+Load: 1× offers each engine about 40 % of its nominal prefill capacity (the simulator's
+own step time for an 8,192-token prefill chunk) in prompt tokens, before any cache hit; the
+trace's arrival times are compressed accordingly (scaled with the fleet size), so 2× and 4×
+overload a fleet that does not reuse prefixes. Every cell replays the first ``--requests``
+requests of the trace (the same requests for every router).
+
+SLOs from ../shared/data/scenarios.json: Mooncake (mean prompt 15k tokens) is judged by
+``long-context-32k``, Azure conversation by ``chat-low-concurrency``, Azure code by
+``prefill-heavy-3k-50``. Goodput = requests meeting the TTFT target and a per-request mean
+ITL within the ITL target, per second of the arrival window. Also TTFT p95, ITL p95, prefix
+hit rate (cached / prompt tokens) and the spread of requests over workers (max ÷ mean).
+
+``--json OUT`` writes every row plus ``summary``: per trace × load (``"mooncake@4x"``),
+``pdplane_vs_best_baseline`` = pdplane goodput ÷ the best baseline's (over the fleet sizes
+run: the lowest ratio), with the hit rates and worst spread. ``--quick``: 8 engines, 160
+requests per cell, under a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+SHARED = ROOT.parent / "shared"
+
+from bench.routing_baselines import BASELINES  # noqa: E402
+from workers_agent.sim import links  # noqa: E402
+from workers_agent.sim.engine import SimEngine, SimRequest  # noqa: E402
+from workers_agent.sim.gateway_routing import GatewayRouter  # noqa: E402
+from workers_agent.sim.report import percentile  # noqa: E402
+from workers_agent.sim.virtual import LinkModel, VirtualFleet, uniform_fleet  # noqa: E402
+from workers_agent.sim.workload import Workload, load_azure, load_mooncake  # noqa: E402
+
+MODEL = "llama-3.3-70b-fp8"
+GPU = "H200"
+TRACES = {
+    "mooncake": ("mooncake_synthetic.jsonl", "long-context-32k"),
+    "azure-conv": ("azure2023_conv.csv", "chat-low-concurrency"),
+    "azure-code": ("azure2023_code.csv", "prefill-heavy-3k-50"),
+}
+ROUTERS = ("pdplane", *BASELINES)
+NOMINAL_SHARE = 0.25  # of an engine's prefill capacity offered per engine at 1×
+# Latency-oriented chunked prefill (vLLM --max-num-batched-tokens): a 70B step with an
+# 8,192-token chunk takes ~1 s and stalls every decode on the engine.
+MAX_BATCHED_TOKENS = 2048
+
+
+def fleet_engines(count: int):
+    return uniform_fleet(count, MODEL, GPU, max_num_batched_tokens=MAX_BATCHED_TOKENS)
+
+
+def prefill_tokens_per_s() -> float:
+    """An engine's prefill throughput in the simulator's model: one 8,192-token chunk."""
+    engine = SimEngine(fleet_engines(1)[0].spec)
+    chunk = 8192
+    engine.submit(SimRequest("probe", list(range(1000, 1000 + chunk)), 1, 0.0))
+    step = engine.next_step(0.0)
+    return step.num_prefill_tokens / step.duration
+
+
+def load_trace(name: str, limit: int) -> Workload:
+    path = SHARED / "data" / "traces" / TRACES[name][0]
+    return load_mooncake(path, limit=limit) if name == "mooncake" else load_azure(
+        path, limit=limit)
+
+
+def scaled(workload: Workload, engines: int, load: float, capacity: float) -> Workload:
+    """Arrivals compressed so that prompt tokens arrive at load × NOMINAL_SHARE × capacity
+    per engine."""
+    reqs = workload.requests
+    duration = max(reqs[-1].arrival - reqs[0].arrival, 1e-9)
+    offered = sum(r.input_length for r in reqs) / duration
+    factor = offered / (load * NOMINAL_SHARE * capacity * engines)
+    out = []
+    for r in reqs:
+        copy = type(r)(**{s: getattr(r, s) for s in r.__slots__})
+        copy.arrival = (r.arrival - reqs[0].arrival) * factor
+        out.append(copy)
+    return Workload(workload.name, out, workload.prompts)
+
+
+def run_cell(args: tuple) -> dict:
+    trace, engines, load, router_name, requests, capacity = args
+    scenarios = json.loads((SHARED / "data" / "scenarios.json").read_text())
+    slo = scenarios["workloads"][TRACES[trace][1]]["slo"]
+    workload = scaled(load_trace(trace, requests), engines, load, capacity)
+    router = GatewayRouter() if router_name == "pdplane" else BASELINES[router_name]()
+    fleet = VirtualFleet(fleet_engines(engines), LinkModel(nic=links.nic(400, rdma=True)),
+                         router=router)
+    started = time.perf_counter()
+    result = fleet.run(workload)
+    wall = time.perf_counter() - started
+    rows = result.results
+    window = max(workload.requests[-1].arrival, 1e-9)
+    good = 0
+    ttfts, itls = [], []
+    for r in rows:
+        if r.error is not None or r.ttft is None:
+            continue
+        ttfts.append(r.ttft * 1000)
+        itls.extend(gap * 1000 for gap in r.itls)
+        tpot = (sum(r.itls) / len(r.itls) * 1000) if r.itls else 0.0
+        if r.ttft * 1000 <= slo["ttft_ms"] and tpot <= slo["itl_ms"]:
+            good += 1
+    prompt = sum(r.prompt_tokens for r in rows)
+    cached = sum(r.cached_tokens for r in rows)
+    per_worker = Counter(r.decode_engine for r in rows if r.decode_engine)
+    counts = [per_worker.get(m.engine_id, 0) for m in fleet.order]
+    mean = sum(counts) / len(counts)
+    return {
+        "trace": trace, "engines": engines, "load": load, "router": router_name,
+        "requests": len(rows), "failed": sum(r.error is not None for r in rows),
+        "goodput_rps": round(good / window, 4), "good": good,
+        "ttft_p95_ms": round(percentile(ttfts, 95) or 0.0, 1),
+        "itl_p95_ms": round(percentile(itls, 95) or 0.0, 2),
+        "hit_rate": round(cached / prompt, 4) if prompt else 0.0,
+        "spread_max_over_mean": round(max(counts) / mean, 3) if mean else 0.0,
+        "slo": slo, "wall_s": round(wall, 2),
+    }
+
+
+def summarize_rows(rows: list[dict]) -> dict:
+    summary = {}
+    cells = sorted({(r["trace"], r["load"]) for r in rows})
+    for trace, load in cells:
+        ratios, hits, best_hits, spreads = [], [], [], []
+        for engines in sorted({r["engines"] for r in rows}):
+            group = {r["router"]: r for r in rows if (r["trace"], r["load"], r["engines"]) == (
+                trace, load, engines)}
+            if "pdplane" not in group:
+                continue
+            mine = group.pop("pdplane")
+            if not group:
+                continue
+            best = max(group.values(), key=lambda r: r["goodput_rps"])
+            ratios.append(mine["goodput_rps"] / best["goodput_rps"] if best["goodput_rps"]
+                          else 1.0)
+            hits.append(mine["hit_rate"])
+            best_hits.append(best["hit_rate"])
+            spreads.append(mine["spread_max_over_mean"])
+        if ratios:
+            summary[f"{trace}@{load:g}x"] = {
+                "pdplane_vs_best_baseline": round(min(ratios), 4),
+                "pdplane_hit_rate": min(hits), "best_baseline_hit_rate": max(best_hits),
+                "pdplane_max_spread": max(spreads),
+            }
+    return summary
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--json", metavar="OUT")
+    p.add_argument("--engines", default="8,32")
+    p.add_argument("--loads", default="1,2,4")
+    p.add_argument("--traces", default=",".join(TRACES))
+    p.add_argument("--routers", default=",".join(ROUTERS))
+    p.add_argument("--requests", type=int, default=None,
+                   help="requests per cell (default 800 per 8 engines; --quick: 160)")
+    p.add_argument("--jobs", type=int, default=2)
+    args = p.parse_args()
+    engine_sizes = [8] if args.quick else [int(x) for x in args.engines.split(",")]
+    loads = [float(x) for x in args.loads.split(",")]
+    capacity = prefill_tokens_per_s()
+    cells = []
+    for trace in args.traces.split(","):
+        for engines in engine_sizes:
+            n = args.requests or (160 if args.quick else 100 * engines)
+            for load in loads:
+                for router in args.routers.split(","):
+                    cells.append((trace, engines, load, router, n, capacity))
+    started = time.perf_counter()
+    with multiprocessing.Pool(max(args.jobs, 1)) as pool:
+        rows = pool.map(run_cell, cells, chunksize=1)
+    print(f"engine prefill capacity {capacity:,.0f} tok/s; {len(rows)} runs in "
+          f"{time.perf_counter() - started:.1f} s")
+    print("| trace | engines | load | router | goodput req/s | TTFT p95 ms | ITL p95 ms | "
+          "hit rate | spread max/mean | failed |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['trace']} | {r['engines']} | {r['load']:g}× | {r['router']} | "
+              f"{r['goodput_rps']:.3f} | {r['ttft_p95_ms']:.0f} | {r['itl_p95_ms']:.1f} | "
+              f"{r['hit_rate']:.1%} | {r['spread_max_over_mean']:.2f} | {r['failed']} |")
+    summary = summarize_rows(rows)
+    for cell, s in summary.items():
+        print(f"{cell}: pdplane/best baseline {s['pdplane_vs_best_baseline']:.3f}, hit "
+              f"{s['pdplane_hit_rate']:.1%} vs {s['best_baseline_hit_rate']:.1%}, spread "
+              f"{s['pdplane_max_spread']:.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "summary": summary}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
