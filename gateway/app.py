@@ -23,7 +23,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from . import signing
+from . import explain, signing
 from .config import GatewayConfig
 from .kv_subscriber import KvEventSubscriber
 from .metrics import GatewayMetrics
@@ -120,6 +120,8 @@ class Gateway:
         self.estimators: dict[str, TokenEstimator] = {}
         self._sized_at: dict[str, float] = {}
         self.rng = random.Random(config.seed)
+        self.decision_log = explain.DecisionLog(config.decision_log_sample,
+                                                seed=config.seed)
         self.session: aiohttp.ClientSession | None = None
         self.subscriber: KvEventSubscriber | None = None
         self.pull_etag: str | None = None
@@ -141,6 +143,7 @@ class Gateway:
         app.router.add_get("/metrics", self.metrics_view)
         app.router.add_put("/admin/routing-table", self.admin_put_table)
         app.router.add_get("/admin/routing-table", self.admin_get_table)
+        app.router.add_get("/admin/decisions", self.admin_decisions)
         app.on_startup.append(self._startup)
         app.on_cleanup.append(self._cleanup)
         return app
@@ -364,6 +367,19 @@ class Gateway:
             }
         )
 
+    async def admin_decisions(self, request: web.Request) -> web.Response:
+        """The sampled decision log, newest first (``?limit=N``, at most 1000)."""
+        problem = self._signature_problem(request, b"")
+        if problem:
+            return web.json_response({"status": "unauthorized", "error": problem}, status=401)
+        try:
+            limit = min(max(int(request.query.get("limit", "100")), 1), 1000)
+        except ValueError:
+            limit = 100
+        log_ = self.decision_log
+        return web.json_response({"sample_rate": log_.sample_rate, "requests_seen": log_.seen,
+                                  "decisions": log_.recent(limit)})
+
     # ------------------------------------------------------------------ plain endpoints
 
     async def health(self, request: web.Request) -> web.Response:
@@ -431,9 +447,10 @@ class Gateway:
                                     kind="service_unavailable")
             reason = plan.reason if attempt == 0 else f"retry_{plan.reason}"
             self.metrics.decisions.labels(model.name, reason).inc()
+            why = self._explain(model, plan, prompt, request_id, retried=attempt > 0)
             try:
                 response = await self._execute(request, model, plan, body, raw, endpoint,
-                                               chat, request_id, prompt, started)
+                                               chat, request_id, prompt, started, why)
             except UpstreamFailure as exc:
                 self.metrics.errors.labels(model.name, "upstream").inc()
                 log.warning("request %s: %s", request_id, exc)
@@ -501,8 +518,24 @@ class Gateway:
         except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
             return None
 
+    def _explain(self, model: ModelRoute, plan, prompt, request_id: str, *,
+                 retried: bool) -> str:
+        """The deciding rule, counted; the avoidable prefill, counted; a sampled log entry;
+        returns the X-Pdplane-Route header value."""
+        rule = explain.rule_of(plan, retried, model.temperature)
+        self.metrics.route_rules.labels(model.name, rule).inc()
+        avoidable, on = explain.avoidable_prefill(plan, model, prompt["cached"],
+                                                  prompt["tokens"])
+        if avoidable:
+            self.metrics.avoidable_prefill_tokens.labels(model.name).inc(avoidable)
+        if self.decision_log.wants(rule, avoidable):
+            self.decision_log.add(request_id=request_id, model=model.name, rule=rule,
+                                  plan=plan, prompt_tokens=prompt["tokens"],
+                                  avoidable=avoidable, avoidable_on=on)
+        return explain.route_header(rule, plan)
+
     async def _execute(self, request, model: ModelRoute, plan, body, raw, endpoint, chat,
-                       request_id, prompt, started):
+                       request_id, prompt, started, why: str = ""):
         bs = model.block_size
         max_out = body.get("max_tokens") or body.get("max_completion_tokens")
         out_tokens = max_out if isinstance(max_out, int) and max_out > 0 else DEFAULT_OUTPUT_TOKENS
@@ -553,6 +586,7 @@ class Gateway:
                     **upstream.client_headers(),
                     "X-Request-Id": request_id,
                     "X-Pdplane-Worker": plan.decode,
+                    explain.ROUTE_HEADER: why,
                 }
                 if plan.prefill:
                     response_headers["X-Pdplane-Prefill-Worker"] = plan.prefill

@@ -44,6 +44,9 @@ class GatewayConfig:
     kv_stall_s: float = 15.0
     # Largest routing table accepted (push or pull), checked while it streams in.
     max_table_bytes: int = 32 * 1024 * 1024
+    # Share of routing decisions kept in the admin decision log (fallbacks and avoidable
+    # prefills are always kept).
+    decision_log_sample: float = 0.05
     tokenize_via_engine: bool = False
     seed: int | None = None
     log_level: str = "WARNING"
@@ -56,6 +59,8 @@ class GatewayConfig:
             raise GatewayConfigError("control_plane_url needs cluster and gateway_name")
         if self.control_plane_url and not self.admin_secrets:
             raise GatewayConfigError("pulling from the control plane needs an admin secret")
+        if not 0 <= self.decision_log_sample <= 1:
+            raise GatewayConfigError("decision_log_sample must be within 0–1")
         if self.max_table_bytes < 1024:
             raise GatewayConfigError("max_table_bytes must be at least 1024")
         if self.pull_interval_s < 0:

@@ -75,6 +75,15 @@ class GatewayMetrics:
             "Prompt tokens the router believed cached on the chosen worker", ["model"],
             registry=r,
         )
+        self.route_rules = Counter(
+            "pdplane_gateway_route_rules", "Requests by the rule that decided their route "
+            "(affinity, cost, balance, local_prefill, fallback)", ["model", "rule"], registry=r,
+        )
+        self.avoidable_prefill_tokens = Counter(
+            "pdplane_gateway_avoidable_prefill_tokens",
+            "Prompt tokens prefilled on one worker while another eligible worker was believed "
+            "to hold a longer prefix", ["model"], registry=r,
+        )
         self.prompt_tokens = Counter(
             "pdplane_gateway_estimated_prompt_tokens", "Prompt tokens (estimated) routed",
             ["model"], registry=r,

@@ -75,7 +75,7 @@ def test_engine_restart_empties_and_refills_the_workers_index(
     # Only the new engine's blocks: the old prompt's 8 are gone, the new one's 4 are in.
     assert after["blocks"] == 4, after
     _, headers, _ = tokens_completion(gw, old)
-    assert "cached=0" in headers.get("X-Pdplane-Route", "cached=0")
+    assert "; cached=0;" in headers["X-Pdplane-Route"], headers  # nothing credited any more
 
 
 def test_stalled_stream_is_reported_and_routed_on_the_approximate_index(
