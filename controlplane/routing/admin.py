@@ -1,6 +1,8 @@
 from django.contrib import admin
 
-from .models import DeliveryAttempt, GatewayDelivery, RoutingTableVersion
+from controlplane.outbox.admin import MESSAGE_FIELDS, AttemptInline
+
+from .models import GatewayDelivery, RoutingTableVersion
 
 
 @admin.register(RoutingTableVersion)
@@ -15,19 +17,10 @@ class RoutingTableVersionAdmin(admin.ModelAdmin):
         return obj.content_sha[:12]
 
 
-class DeliveryAttemptInline(admin.TabularInline):
-    model = DeliveryAttempt
-    extra = 0
-    can_delete = False
-    readonly_fields = ["started_at", "duration_ms", "status_code", "outcome", "error",
-                       "applied_version"]
-
-
 @admin.register(GatewayDelivery)
 class GatewayDeliveryAdmin(admin.ModelAdmin):
-    list_display = ["gateway", "table", "status", "attempts", "next_attempt_at",
+    list_display = ["gateway", "table", "status", "outcome", "attempts", "next_attempt_at",
                     "last_status_code", "last_error"]
-    list_filter = ["status", "gateway__cluster"]
-    readonly_fields = ["gateway", "table", "attempts", "last_status_code", "last_error",
-                       "finished_at", "claimed_until"]
-    inlines = [DeliveryAttemptInline]
+    list_filter = ["status", "outcome", "gateway__cluster"]
+    readonly_fields = ["gateway", "table", *MESSAGE_FIELDS]
+    inlines = [AttemptInline]

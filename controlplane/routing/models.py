@@ -1,15 +1,14 @@
 """Routing tables (one monotonically versioned series per cluster) and their delivery.
 
-A :class:`RoutingTableVersion` is immutable once stored. A :class:`GatewayDelivery` is an
-outbox row: "bring this gateway up to the cluster's latest table", claimed by a
-conditional update and retried with backoff + jitter via ``next_attempt_at`` (long waits
-live in the database, not in Celery; see reference/RELIABILITY.md on the visibility
-timeout). Every HTTP attempt is kept as a :class:`DeliveryAttempt` for the operator.
+A :class:`RoutingTableVersion` is immutable once stored. A :class:`GatewayDelivery` is a
+row of the one outbox (``controlplane.outbox``): "bring this gateway up to the cluster's
+latest table". The outbox claims it with a conditional update, retries it with backoff +
+jitter via ``next_attempt_at`` and keeps every HTTP attempt in its attempt log.
 """
 
 from django.db import models
 
-from controlplane.core.models import TimestampedModel
+from controlplane.outbox.models import Message
 
 
 class RoutingTableVersion(models.Model):
@@ -47,18 +46,17 @@ class RoutingTableVersion(models.Model):
         return dict(cls.objects.values_list("cluster_id").annotate(v=models.Max("version")))
 
 
-class DeliveryStatus(models.TextChoices):
-    PENDING = "pending", "Pending (waiting for its next attempt)"
-    SENDING = "sending", "Sending (claimed by a worker)"
-    ACKED = "acked", "Acknowledged"
-    NACKED = "nacked", "Refused as invalid (gateway kept its last good table)"
-    STALE = "stale", "Refused as stale (gateway already has a newer table)"
-    SUPERSEDED = "superseded", "Superseded by a newer table before it was sent"
-    FAILED = "failed", "Gave up (unreachable or refused)"
+ROUTING_PUSH_KIND = "routing.push"
+# How a gateway answered (xDS semantics, delivery.py), kept as the outbox row's outcome.
+ACK, STALE, NACK, SUPERSEDED = "ack", "stale", "nack", "superseded"
 
 
-class GatewayDelivery(TimestampedModel):
-    """Bring one gateway to one table version; the unit of retry."""
+class GatewayDelivery(Message):
+    """Bring one gateway to one table version: a row of the one outbox (claim, lease,
+    retries and the attempt log live in ``outbox.Message``), sent by
+    ``delivery.RoutingPushDeliverer``."""
+
+    outbox_kind = ROUTING_PUSH_KIND
 
     gateway = models.ForeignKey(
         "topology.Gateway", on_delete=models.CASCADE, related_name="deliveries"
@@ -66,38 +64,10 @@ class GatewayDelivery(TimestampedModel):
     table = models.ForeignKey(
         RoutingTableVersion, on_delete=models.CASCADE, related_name="deliveries"
     )
-    status = models.CharField(
-        max_length=16, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING
-    )
-    attempts = models.PositiveIntegerField(default=0)
-    next_attempt_at = models.DateTimeField(db_index=True)
-    claimed_until = models.DateTimeField(null=True, blank=True)
-    last_status_code = models.PositiveSmallIntegerField(null=True, blank=True)
-    last_error = models.TextField(blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created"]
         verbose_name_plural = "gateway deliveries"
-        indexes = [models.Index(fields=["status", "next_attempt_at"])]
 
     def __str__(self):
         return f"{self.gateway} ← v{self.table.version} ({self.status})"
-
-
-class DeliveryAttempt(models.Model):
-    delivery = models.ForeignKey(
-        GatewayDelivery, on_delete=models.CASCADE, related_name="attempt_log"
-    )
-    started_at = models.DateTimeField()
-    duration_ms = models.FloatField()
-    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
-    outcome = models.CharField(max_length=16)
-    error = models.TextField(blank=True)
-    applied_version = models.PositiveBigIntegerField(null=True, blank=True)
-
-    class Meta:
-        ordering = ["-started_at"]
-
-    def __str__(self):
-        return f"{self.delivery_id} {self.outcome} {self.status_code}"

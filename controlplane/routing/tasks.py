@@ -1,4 +1,5 @@
-"""Celery tasks: push after publish, sweep retries, reconcile periodically."""
+"""Celery task: reconcile periodically. Pushes themselves are rows of the one outbox,
+sent by its worker loop (``outbox.deliver_due``)."""
 
 from __future__ import annotations
 
@@ -9,40 +10,17 @@ from celery import shared_task
 from django.db.models import Q
 from django.utils import timezone
 
+from controlplane.outbox.models import IN_FLIGHT
+from controlplane.outbox.worker import drain
 from controlplane.topology.models import Cluster, Gateway
 
-from . import delivery
-from .models import DeliveryStatus, GatewayDelivery
+from .models import NACK, ROUTING_PUSH_KIND, GatewayDelivery
 from .service import PUSH_KINDS, latest_table, publish, queue_deliveries
 
 log = logging.getLogger(__name__)
 
-# A retry sooner than the beat sweep is scheduled as a short countdown, always far below
-# the Redis visibility timeout (1 h); longer waits are only rows in the database.
-MAX_COUNTDOWN_S = 30
 # A gateway that has not acknowledged anything for this long gets the latest table again.
 RESYNC_S = 300
-
-
-@shared_task(name="routing.push_routing_tables", ignore_result=True, bind=True)
-def push_routing_tables(self, cluster_id: int | None = None) -> dict:
-    """Send every due delivery (of one cluster, or all), then schedule a near retry."""
-    outcomes: dict[str, int] = {}
-    for pk in delivery.claim_due(cluster_id):
-        try:
-            status = delivery.send(pk)
-        except Exception:  # one bad gateway row must not stop the others
-            log.exception("delivery %s failed unexpectedly", pk)
-            GatewayDelivery.objects.filter(pk=pk, status=DeliveryStatus.SENDING).update(
-                status=DeliveryStatus.PENDING
-            )
-            status = "crashed"
-        outcomes[status] = outcomes.get(status, 0) + 1
-    wait = delivery.next_due_in(cluster_id)
-    if outcomes and wait is not None and wait <= MAX_COUNTDOWN_S:
-        queue = (getattr(self.request, "delivery_info", None) or {}).get("routing_key")
-        push_routing_tables.apply_async((cluster_id,), countdown=max(wait, 0.5), queue=queue)
-    return outcomes
 
 
 @shared_task(name="routing.reconcile_routing", ignore_result=True)
@@ -71,11 +49,9 @@ def reconcile_routing() -> dict:
         )
         for gateway in behind:
             recent = GatewayDelivery.objects.filter(gateway=gateway, table=latest)
-            if recent.filter(
-                status__in=[DeliveryStatus.PENDING, DeliveryStatus.SENDING, DeliveryStatus.NACKED]
-            ).exists():
+            if recent.filter(Q(status__in=IN_FLIGHT) | Q(outcome=NACK)).exists():
                 continue
             queue_deliveries(latest, [gateway])
             queued += 1
-    sent = push_routing_tables(None)
+    sent = drain([ROUTING_PUSH_KIND])
     return {"queued": queued, "sent": sent}

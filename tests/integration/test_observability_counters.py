@@ -51,7 +51,8 @@ def test_routing_push_results_and_latency():
     for outcome in ("nack", "ack"):
         d = GatewayDelivery.objects.create(gateway=gateway, table=table,
                                            next_attempt_at=timezone.now())
-        pushes.send(d.pk, put=lambda *a, o=outcome: pushes.PushResult(o, 200, 1))
+        answer = pushes.PushResult(outcome, 200, 1)
+        pushes.RoutingPushDeliverer(put=lambda *a, r=answer: r).deliver(d, "test")
     for r in ("ack", "nack"):
         assert value("pdplane_routing_pushes_total", result=r) == before[r] + 1
     assert value("pdplane_routing_push_seconds_count") == timed + 2

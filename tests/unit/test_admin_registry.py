@@ -5,7 +5,6 @@ from django.contrib import admin
 
 # Shown inline under their parent, or bookkeeping no operator browses or edits.
 NOT_IN_ADMIN = {
-    "routing.DeliveryAttempt",  # inline under GatewayDelivery
     "outbox.Attempt",  # the attempt log, inline under each message
     "alerts.EvaluatorMemory",  # the evaluator's own between-cycle state
     "api.IdempotencyKey",  # stored responses for replayed POSTs, expire after 24 h

@@ -4,13 +4,16 @@ import random
 
 import pytest
 
-from controlplane.routing.delivery import BACKOFF_CAP_S, _interpret, backoff_delay
+from controlplane.routing.delivery import BACKOFF, _interpret
+
+BACKOFF_CAP_S = 300
 
 
 def test_backoff_doubles_with_jitter_and_is_capped():
+    assert BACKOFF.max_attempts == 25
     rng = random.Random(1)
     for attempt, ceiling in [(1, 1), (2, 2), (3, 4), (6, 32), (20, BACKOFF_CAP_S)]:
-        delays = [backoff_delay(attempt, rng) for _ in range(200)]
+        delays = [BACKOFF.delay(attempt, rng=rng) for _ in range(200)]
         assert min(delays) >= ceiling * 0.5 and max(delays) <= ceiling
         assert len({round(d, 6) for d in delays}) > 100  # jittered, not a fixed schedule
 

@@ -15,10 +15,16 @@ import uuid
 import pytest
 from django.db import connection
 
+from controlplane.outbox.models import Status
 from controlplane.routing import signing
 from controlplane.routing.builder import canonical_json, content_sha
 from controlplane.routing.delivery import put_table
-from controlplane.routing.models import DeliveryStatus, GatewayDelivery, RoutingTableVersion
+from controlplane.routing.models import (
+    NACK,
+    ROUTING_PUSH_KIND,
+    GatewayDelivery,
+    RoutingTableVersion,
+)
 from controlplane.routing.service import latest_table, publish, queue_deliveries, request_publish
 from controlplane.topology.models import GPU, Cluster, Gateway, Node, ServedModel, Worker
 from tests.conftest import free_port
@@ -51,10 +57,10 @@ def make_cluster(n_workers: int = 2) -> tuple[Cluster, list[Worker]]:
     return cluster, workers
 
 
-def kick(cluster_id: int, queue: str) -> None:
-    from controlplane.routing.tasks import push_routing_tables
+def kick(queue: str) -> None:
+    from controlplane.outbox.tasks import deliver_due
 
-    push_routing_tables.apply_async((cluster_id,), queue=queue)
+    deliver_due.apply_async(([ROUTING_PUSH_KIND],), queue=queue)
 
 
 def gateway_row(pk) -> Gateway:
@@ -72,7 +78,8 @@ def test_push_ack_nack_and_stale(celery_worker, gateway_process):
                message=f"no ACK; worker log:\n{celery_worker.tail()}")
     gw.wait_health(version=1)
     delivery = GatewayDelivery.objects.get(gateway=row)
-    assert delivery.status == DeliveryStatus.ACKED and delivery.attempt_log.count() == 1
+    assert (delivery.status, delivery.outcome) == (Status.DELIVERED, "ack")
+    assert delivery.attempt_log.count() == 1
     assert gateway_row(row.pk).last_ack_at is not None
     v1 = latest_table(cluster.pk)
     assert (v1.cause, v1.actor) == ("test: first table", "tester")
@@ -97,9 +104,9 @@ def test_push_ack_nack_and_stale(celery_worker, gateway_process):
         cluster=cluster, version=3, body=bad, content_sha=content_sha(bad),
         cause="test: invalid", actor="tester")
     queue_deliveries(bad_row)
-    kick(cluster.pk, celery_worker.queue)
-    wait_until(lambda: GatewayDelivery.objects.filter(table=bad_row,
-                                                      status=DeliveryStatus.NACKED).exists(),
+    kick(celery_worker.queue)
+    wait_until(lambda: GatewayDelivery.objects.filter(table=bad_row, status=Status.FAILED,
+                                                      outcome=NACK).exists(),
                timeout=30, message=celery_worker.tail())
     gateway = gateway_row(row.pk)
     assert gateway.applied_table_version == 2
@@ -151,7 +158,7 @@ def test_unreachable_gateway_is_retried_then_cold_starts_by_pull(
         lambda: GatewayDelivery.objects.filter(gateway=row, attempts__gte=2).exists(),
         timeout=30, message=celery_worker.tail())
     delivery = GatewayDelivery.objects.get(gateway=row)
-    assert delivery.status in (DeliveryStatus.PENDING, DeliveryStatus.SENDING)
+    assert delivery.status in (Status.PENDING, Status.SENDING)
     assert "unreachable" in gateway_row(row.pk).last_error
     assert delivery.next_attempt_at is not None
 
