@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from django.core.exceptions import FieldError
 from django.db.models import CharField, Q, QuerySet
 from django.db.models.functions import Cast
 
@@ -286,8 +287,11 @@ def _audit_condition(access: Access, action: str) -> Q:
             model = apps.get_model(label)
         except LookupError:
             continue
-        visible = restrict(model._base_manager.all(), access, action).order_by()
-        ids = visible.annotate(_id_text=Cast("pk", CharField())).values("_id_text")
+        try:
+            visible = restrict(model._base_manager.all(), access, action).order_by()
+            ids = visible.annotate(_id_text=Cast("pk", CharField())).values("_id_text")
+        except FieldError:  # a model whose path changed: test_cluster_paths_resolve says so
+            continue
         condition |= Q(object_type=label, object_id__in=ids)
     return condition
 

@@ -26,7 +26,7 @@ def logout_view(request):
     return render(request, "accounts/logout.html")
 
 
-@role_required(READ)
+@role_required(READ, anywhere=True)
 def token_list(request):
     """The user's own tokens; a new token's clear text is shown once, right here."""
     new_token = None
@@ -56,7 +56,7 @@ def token_list(request):
 
 
 @require_POST
-@role_required(READ)
+@role_required(READ, anywhere=True)
 def token_revoke(request, pk):
     token = get_object_or_404(APIToken, pk=pk, user=request.user)
     token.revoked = True
