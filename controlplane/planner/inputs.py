@@ -17,6 +17,7 @@ from controlplane.topology.models import Cluster, ServedModel
 
 from .calibration import CalibrationBook
 from .costmodel import DEFAULT_PARAMS, Link, ModelSpec, WorkerShape, gpu_profile_for
+from .derive import derive_load, worst_p95
 from .models import OPEN_STATUSES, ModelPlannerState, Plan
 from .placement import NicInput, NodeLinks, WorkerInput
 from .planner import LoadInput, ModelInput
@@ -24,7 +25,6 @@ from .record import MoveMemory
 
 log = logging.getLogger(__name__)
 
-PEAK_DECAY = 0.9  # per planning cycle: a peak fades to a third in ~10 cycles
 _reader = None
 
 
@@ -61,11 +61,7 @@ def measured_latency(
         if figures is not None:
             return figures.ttft_p95_s, figures.itl_p95_s, "prometheus"
 
-    def worst(key):
-        values = [s.get(key) for s in worker_states if isinstance(s.get(key), int | float)]
-        return max(values) if values else None
-
-    return worst("ttft_p95_s"), worst("itl_p95_s"), "agents"
+    return (*worst_p95(worker_states), "agents")
 
 
 def model_spec(sm: ServedModel) -> ModelSpec:
@@ -195,35 +191,18 @@ def gather_cluster(cluster: Cluster) -> ClusterInputs:
 
 
 def _load(sm, state: ModelPlannerState, wstates: list[dict], roles: dict) -> LoadInput:
-    """Request rate and lengths from the agents' token rates.
-
-    Agents report tokens/s, not requests/s. Prometheus (when configured) gives the request
-    rate; otherwise rate = generated tokens/s ÷ the model's expected answer length (a
-    per-model setting), and the prompt length follows from prompt tokens/s ÷ rate.
-    """
-    prompt_tps = sum(_num(s, "prompt_tokens_per_s") for s in wstates
-                     if roles.get(s.get("worker_id")) != "decode")
-    gen_tps = sum(_num(s, "generation_tokens_per_s") for s in wstates)
-    # Sequences held by decode-capable workers (prefill workers' running are prompts).
-    running = int(sum(_num(s, "running") for s in wstates
-                      if roles.get(s.get("worker_id")) != "prefill"))
-    hits = [_num(s, "prefix_hit_rate") for s in wstates if s.get("prefix_hit_rate") is not None]
-    rate = sum(_num(s, "requests_per_s") for s in wstates)
-    reader = _prometheus()
-    if not rate and reader is not None:
-        fig = reader.model_figures(sm.name)
-        if fig is not None and fig.request_rate:
-            rate = fig.request_rate
-    osl = float(state.expected_output_tokens or 256)
-    if not rate and gen_tps > 0:
-        rate = gen_tps / osl
-    elif rate > 0 and gen_tps > 0:
-        osl = gen_tps / rate
-    isl = prompt_tps / rate if rate > 0 else 0.0
-    peak = max(rate, state.peak_rps * PEAK_DECAY)
-    state.peak_rps = peak
+    """Request rate and lengths from the agents' counters and token rates (see
+    :func:`.derive.derive_load`); Prometheus's request rate when agents report none."""
+    ext = None
+    if not any(_num(s, "requests_per_s") for s in wstates):
+        reader = _prometheus()
+        fig = reader.model_figures(sm.name) if reader is not None else None
+        ext = fig.request_rate if fig is not None and fig.request_rate else None
+    d = derive_load(wstates, roles, float(state.expected_output_tokens or 256), state.peak_rps,
+                    ext)
+    state.peak_rps = d.peak_rps
     return LoadInput(
-        rate_rps=rate, peak_rps=peak, isl_mean=isl, isl_p95=None, osl_mean=osl,
-        prefix_hit=sum(hits) / len(hits) if hits else 0.0,
-        inflight=running, inflight_peak=running,
+        rate_rps=d.rate_rps, peak_rps=d.peak_rps, isl_mean=d.isl_mean, isl_p95=None,
+        osl_mean=d.osl_mean, prefix_hit=d.prefix_hit, inflight=d.inflight,
+        inflight_peak=d.inflight,
     )

@@ -1,0 +1,428 @@
+"""The planner on shifting load, in the product's own loop, vs every static layout.
+
+    .venv/bin/python bench/planner_shift.py [--quick] [--jobs 2] [--json OUT]
+
+Virtual time (``workers_agent.sim.virtual``). Every control interval the loop does what the
+product does, as far as it exists in pure code:
+
+1. **agent reports** — per engine, what the agent sends: running/waiting, KV usage, prefix
+   hit rate, prompt and generated tokens/s and finished requests/s from the engine's
+   cumulative counters over the interval;
+2. **the control plane's derivation** — :func:`controlplane.planner.derive.derive_load`
+   (the function ``controlplane.planner.inputs`` calls on hot state) turns them into the
+   planner's load; the measured p95 TTFT/ITL is the fleet's over the same interval (what
+   merged engine histograms give);
+3. **calibration** — :class:`controlplane.planner.calibration.CalibrationBook`: factors per
+   workload bucket, compared only on a stable mix, bounded with model errors surfaced;
+4. **the planner** — :func:`controlplane.planner.planner.plan_model` with its move memory;
+5. **apply with drain** — role changes go to the fleet, which drains each worker before it
+   takes its new role; routing is the fleet's router.
+
+Workloads, each on both sample clusters: ``demo`` (chat → RAG → quiet, three cycles),
+``azure-diurnal`` (Azure conversation lengths, rate 0.5× → 3× → 0.5× the trace's own),
+``mooncake-step`` (Mooncake lengths and prefixes, rate 1× → 4× → 1×). Static layouts run on
+the same arrivals: every P on the RTX cluster (8 workers), every fourth on the H200 one
+(32 workers; ``--all-static`` for all). Goodput = requests that arrived in the window and met
+both targets (TTFT, per-request mean ITL) per second.
+
+Per workload: ``goodput_vs_best_static`` (whole run), ``worst_phase_vs_best_static_phase``
+(min over phases of the planner's goodput in the phase ÷ the best static layout's in that
+phase), ``flaps`` (A → B → A inside one phase, i.e. at constant load), ``role_changes``,
+``moves_toward_predicted_worse`` (moves whose target the cost model, recomputed here, scores
+below holding — must be 0); ``summary`` has their minima and maxima.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import random
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from planner_quality import (  # noqa: E402
+    CLUSTERS,
+    MODEL,
+    planner_topology,
+    shape,
+    sim_engines,
+    sim_links,
+    static_roles,
+)
+from prediction_accuracy import SHARED, TRACES, base_rate, scenarios  # noqa: E402
+
+from controlplane.planner.calibration import CalibrationBook, LoadPoint  # noqa: E402
+from controlplane.planner.derive import LoadSmoother, derive_load  # noqa: E402
+from controlplane.planner.placement import Topology, WorkerInput  # noqa: E402
+from controlplane.planner.planner import (  # noqa: E402
+    DEFAULT_PARAMS,
+    DEFAULT_SETTINGS,
+    LoadInput,
+    ModelInput,
+    decision_score,
+    layout_state,
+    plan_model,
+    predict,
+    predict_layout,
+    workload_for,
+)
+from controlplane.policies.effective import EffectivePolicy  # noqa: E402
+from workers_agent.sim.report import percentile  # noqa: E402
+from workers_agent.sim.virtual import RoleChange, VirtualFleet  # noqa: E402
+from workers_agent.sim.workload import (  # noqa: E402
+    PromptFactory,
+    Workload,
+    WorkloadRequest,
+    load_trace,
+)
+
+MOVING = ("better-layout", "roll-back", "policy-bound", "continue-move")
+NEW_TARGET = ("better-layout", "roll-back", "policy-bound")
+
+
+# --- Workloads ----------------------------------------------------------------------------
+
+
+def _poisson(rng, t0, dur, rate):
+    t, out = t0, []
+    while rate > 0:
+        t += rng.expovariate(rate)
+        if t >= t0 + dur:
+            return out
+        out.append(t)
+    return out
+
+
+def build_workload(cluster: dict, name: str, phase_s: float, cycles: int):
+    """(Workload, phases [(name, start, end)], SLO)."""
+    rng = random.Random(17)
+    reqs, phases = [], []
+    t = 0.0
+    if name == "demo":
+        sc = scenarios()
+        chat = {"isl": 1000, "osl": 300, "shared_prefix_fraction": 0.5}
+        plan = [("chat", chat, base_rate(cluster, chat)),
+                ("rag", sc["rag-4k"], base_rate(cluster, sc["rag-4k"])),
+                ("quiet", chat, 0.1 * base_rate(cluster, chat))]
+        slo = {"ttft_ms": 2500, "itl_ms": 50}
+        for c in range(cycles):
+            for pname, spec, rate in plan:
+                shared = int(spec["isl"] * spec.get("shared_prefix_fraction", 0.0))
+                for i, at in enumerate(_poisson(rng, t, phase_s, rate)):
+                    reqs.append(dict(arrival=at, input_length=spec["isl"],
+                                     output_length=spec["osl"], shared_prefix_len=shared,
+                                     prefix_seed=hash((pname, rng.randrange(8))) & 0xFFFFFFFF,
+                                     seed=hash((name, c, pname, i)) & 0xFFFFFFFF))
+                phases.append((f"{pname}{c + 1}", t, t + phase_s))
+                t += phase_s
+    else:
+        trace = "azure-conv" if name == "azure-diurnal" else "mooncake"
+        path, slo = TRACES[trace]
+        src = load_trace(SHARED / "data" / path).requests
+        native = len(src) / max(src[-1].arrival - src[0].arrival, 1e-9)
+        if trace == "mooncake" and cluster["hardware"] == "RTX PRO 6000":
+            native *= 0.25
+        curve = (0.5, 3.0, 0.5) if trace == "azure-conv" else (1.0, 4.0, 1.0)
+        k = 0
+        for pname, m in zip(("low", "high", "low2"), curve, strict=True):
+            for at in _poisson(rng, t, phase_s, native * m):
+                r = src[k % len(src)]
+                k += 1
+                reqs.append(dict(arrival=at, input_length=r.input_length,
+                                 output_length=r.output_length, hash_ids=r.hash_ids,
+                                 seed=r.seed))
+            phases.append((f"{pname}×{m:g}", t, t + phase_s))
+            t += phase_s
+    requests = [WorkloadRequest(request_id=f"{name}-{i}", **r) for i, r in enumerate(reqs)]
+    return Workload(name, requests, PromptFactory()), phases, slo
+
+
+# --- The product's loop -------------------------------------------------------------------
+
+
+def policy_for(slo: dict, n: int) -> EffectivePolicy:
+    return EffectivePolicy(ttft_p95_ms=slo["ttft_ms"], itl_p95_ms=slo["itl_ms"],
+                           cooldown_s=120, max_changes_per_cycle=max(2, n // 8),
+                           hysteresis=0.10, rebalancing_mode="auto")
+
+
+class ProductLoop:
+    def __init__(self, cluster: dict, engines, slo: dict, phases):
+        self.cluster = cluster
+        self.workers, self.links = planner_topology(cluster, engines)
+        self.index = {w.name: w for w in self.workers}
+        self.policy = policy_for(slo, len(self.workers))
+        self.phases = phases
+        self.counters: dict[str, tuple] = {}
+        self.changed_at: dict[str, float] = {}
+        self.peak = 0.0
+        self.memory = None
+        self.book = CalibrationBook({})
+        self.smooth = LoadSmoother()
+        self.log: list[dict] = []
+        self.itl_seen: dict[str, int] = {}
+
+    def phase_at(self, now: float) -> str:
+        return next((p for p, a, b in self.phases if a <= now < b), self.phases[-1][0])
+
+    def reports(self, snap) -> list[dict]:
+        """Agent-style worker states: rates from the engines' cumulative counters."""
+        dt = max(snap.interval_s, 1e-9)
+        # The per-request prompt/generation token histograms' sums over the interval,
+        # per engine that streamed the answer (counted when a request finishes).
+        fin: dict[str, list[int]] = {}
+        for r in snap.recent_results:
+            if r.error is None and r.decode_engine:
+                acc = fin.setdefault(r.decode_engine, [0, 0])
+                acc[0] += r.prompt_tokens
+                acc[1] += r.output_tokens
+        out = []
+        for e in snap.engines:
+            s = e.stats
+            now_c = (s.prompt_tokens, s.generation_tokens, s.prefix_cache_hits,
+                     s.prefix_cache_queries, s.requests_finished)
+            before = self.counters.get(e.engine_id, (0, 0, 0, 0, 0))
+            self.counters[e.engine_id] = now_c
+            d = [a - b for a, b in zip(now_c, before, strict=True)]
+            out.append({
+                "worker_id": self.index[e.engine_id].id, "running": s.num_running,
+                "waiting": s.num_waiting, "kv_usage": s.kv_usage,
+                "prompt_tokens_per_s": d[0] / dt, "generation_tokens_per_s": d[1] / dt,
+                "prefix_hit_rate": d[2] / d[3] if d[3] else None,
+                "requests_per_s": d[4] / dt,
+                "finished_prompt_tokens_per_s": fin.get(e.engine_id, [0, 0])[0] / dt,
+                "finished_generation_tokens_per_s": fin.get(e.engine_id, [0, 0])[1] / dt,
+            })
+        return out
+
+    def fleet_p95(self, snap) -> tuple[float | None, float | None]:
+        """TTFT and token-gap p95 (ms) over the interval, as merged histograms give them."""
+        ttfts, itls, seen = [], [], {}
+        for r in [*snap.recent_results, *snap.inflight_results]:
+            if r.error is not None or r.ttft is None:
+                continue
+            before = self.itl_seen.get(r.request_id)
+            if before is None:
+                ttfts.append(r.ttft)
+                before = 0
+            itls.extend(r.itls[before:])
+            if r.finish_time is None:
+                seen[r.request_id] = len(r.itls)
+        self.itl_seen = seen
+        return (percentile(ttfts, 95) * 1000 if ttfts else None,
+                percentile(itls, 95) * 1000 if itls else None)
+
+    def __call__(self, now: float, snap) -> list[RoleChange]:
+        wstates = self.reports(snap)
+        workers = []
+        for e in snap.engines:
+            base = self.index[e.engine_id]
+            workers.append(WorkerInput(
+                base.id, base.name, base.node, base.nvlink_group, role=e.pending_role or e.role,
+                state="draining" if e.state == "draining" else "active",
+                changed_at=self.changed_at.get(e.engine_id),
+                running=e.inflight_decode + e.inflight_prefill, waiting=e.stats.num_waiting,
+                kv_usage=e.stats.kv_usage,
+            ))
+        roles = {w.id: w.role for w in workers}
+        dl = derive_load(wstates, roles, 256, self.peak)
+        self.peak = dl.peak_rps
+        self.smooth, _phase_change = self.smooth.update(dl)
+        sm = self.smooth
+        ttft_ms, itl_ms = self.fleet_p95(snap)
+        load = LoadInput(sm.rate_rps, max(dl.peak_rps, sm.rate_rps), sm.isl_mean, None,
+                         sm.osl_mean, sm.prefix_hit, dl.inflight, dl.inflight, ttft_ms, itl_ms)
+        bucket, cal = self.book.factors_for(dl.isl_mean, dl.osl_mean)
+        inp = ModelInput(1, MODEL, shape(self.cluster), tuple(workers), load, self.policy,
+                         self.links, cal.apply(DEFAULT_PARAMS), memory=self.memory)
+        d = plan_model(inp, now)
+        self.memory = d.memory or self.memory
+        if d.current_now is not None and not d.current_now.overloaded:
+            self.book.observe(
+                LoadPoint(sm.rate_rps, sm.isl_mean, sm.osl_mean),
+                d.current_now.ttft_p95_s / cal.ttft_factor, ttft_ms / 1000 if ttft_ms else None,
+                d.current_now.itl_p95_s / cal.itl_factor, itl_ms / 1000 if itl_ms else None)
+        worse = False
+        if d.action == "change" and d.reason in MOVING and d.target is not None:
+            worse = _predicted_worse(inp, d.target.n_prefill)
+        self.log.append({
+            "t": now, "phase": self.phase_at(now), "action": d.action, "reason": d.reason,
+            "label": d.record.label if d.record else "", "changes": len(d.changes),
+            "target": d.target.layout if d.target else None,
+            "target_p": d.target.n_prefill if d.target else None,
+            "from_p": layout_state(workers).prefill, "worse": worse,
+            "factors": (round(cal.ttft_factor, 3), round(cal.itl_factor, 3), bucket),
+            "alert": d.record.alert if d.record else "",
+        })
+        out = []
+        for c in d.changes:
+            self.changed_at[c.worker] = now
+            out.append(RoleChange(c.worker, c.to_role, d.reason))
+        return out
+
+
+def _predicted_worse(inp: ModelInput, target_p: int) -> bool:
+    """Recomputed from the cost model (not read from the record): is the target scored below
+    holding the layout as it is?"""
+    load, pol = inp.load, inp.policy
+    plan_rate = max(load.rate_rps, load.peak_rps) * (1 + DEFAULT_SETTINGS.growth_margin)
+    w_now, w_plan = workload_for(load, pol, load.rate_rps), workload_for(load, pol, plan_rate)
+    topo = Topology(list(inp.workers), inp.node_links)
+    hold = decision_score(
+        predict_layout(inp, layout_state(inp.workers, exclude_draining=True), w_now, topo),
+        predict_layout(inp, layout_state(inp.workers), w_plan, topo), load.rate_rps)
+    target = decision_score(predict(inp, target_p, w_now, topo),
+                            predict(inp, target_p, w_plan, topo), load.rate_rps)
+    return target < hold
+
+
+# --- Runs ---------------------------------------------------------------------------------
+
+
+def goodput(results, slo, a: float, b: float) -> float:
+    ok = 0
+    for r in results:
+        if not a <= r.arrival < b or r.error is not None or r.ttft is None:
+            continue
+        tpot = sum(r.itls) / len(r.itls) if r.itls else 0.0
+        ok += r.ttft * 1000 <= slo["ttft_ms"] and tpot * 1000 <= slo["itl_ms"]
+    return ok / max(b - a, 1e-9)
+
+
+def run_one(args):
+    cname, wname, p, phase_s, cycles, interval = args
+    cluster = CLUSTERS[cname]
+    wl, phases, slo = build_workload(cluster, wname, phase_s, cycles)
+    roles = static_roles(cluster, p) if p is not None else None
+    engines = sim_engines(cluster, roles)
+    loop = ProductLoop(cluster, engines, slo, phases) if p is None else None
+    deadline = 2.0 * slo["ttft_ms"] / 1000.0
+    fleet = VirtualFleet(engines, sim_links(cluster), controller=loop,
+                         control_interval_s=interval, queue_deadline_s=deadline)
+    started = time.perf_counter()
+    result = fleet.run(wl)
+    end = phases[-1][2]
+    out = {
+        "cluster": cname, "workload": wname, "static": p,
+        "whole": goodput(result.results, slo, 0.0, end),
+        "phases": {name: goodput(result.results, slo, a, b) for name, a, b in phases},
+        "role_changes": len(result.role_changes), "requests": len(result.results),
+        "wall_s": time.perf_counter() - started,
+    }
+    if loop is not None:
+        out["log"] = loop.log
+    return out
+
+
+def flaps(log: list[dict]) -> int:
+    """A → B → A inside one phase: a new target equal to where the previous move started,
+    decided in the same phase as that move."""
+    n, last = 0, None
+    for e in log:
+        if e["action"] != "change" or e["reason"] not in NEW_TARGET:
+            continue
+        if last and e["phase"] == last["phase"] and e["target_p"] == last["from_p"]:
+            n += 1
+        last = e
+    return n
+
+
+def summarise(runs: list[dict]) -> dict:
+    groups: dict = {}
+    for r in runs:
+        groups.setdefault((r["cluster"], r["workload"]), []).append(r)
+    rows = {}
+    for (c, w), rs in sorted(groups.items()):
+        planner = next(r for r in rs if r["static"] is None)
+        statics = [r for r in rs if r["static"] is not None]
+        best = max(statics, key=lambda r: r["whole"])
+        phase_ratios = {}
+        for ph, g in planner["phases"].items():
+            top = max(s["phases"][ph] for s in statics)
+            phase_ratios[ph] = g / top if top > 0 else None
+        log = planner.get("log", [])
+        factors = [x for e in log for x in e["factors"][:2]]
+        rows[f"{c}/{w}"] = {
+            "goodput_vs_best_static": planner["whole"] / best["whole"] if best["whole"] else None,
+            "best_static": best["static"],
+            "planner_goodput_rps": planner["whole"], "best_static_goodput_rps": best["whole"],
+            "worst_phase_vs_best_static_phase": min(
+                (v for v in phase_ratios.values() if v is not None), default=None),
+            "phase_vs_best_static_phase": phase_ratios,
+            "flaps": flaps(log),
+            "role_changes": planner["role_changes"],
+            "moves_toward_predicted_worse": sum(1 for e in log if e["worse"]),
+            "all_miss_holds": sum(1 for e in log if e["alert"]),
+            "calibration_factor_range": [min(factors), max(factors)] if factors else None,
+            "plans": [f"{e['t']:.0f}s {e['phase']}: {e['reason']} {e['label']} → {e['target']}"
+                      for e in log if e["action"] == "change"],
+        }
+
+    def agg(key, fn):
+        vals = [r[key] for r in rows.values() if r[key] is not None]
+        return fn(vals) if vals else None
+
+    summary = {
+        "workloads": len(rows),
+        "goodput_vs_best_static_min": agg("goodput_vs_best_static", min),
+        "goodput_vs_best_static_max": agg("goodput_vs_best_static", max),
+        "worst_phase_vs_best_static_phase_min": agg("worst_phase_vs_best_static_phase", min),
+        "flaps_max": agg("flaps", max),
+        "role_changes_max": agg("role_changes", max),
+        "role_changes_min": agg("role_changes", min),
+        "moves_toward_predicted_worse_max": agg("moves_toward_predicted_worse", max),
+    }
+    return {"summary": summary, "workloads": rows}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="RTX cluster, demo only, < 1 min")
+    ap.add_argument("--phase", type=float, default=180.0, help="simulated seconds per phase")
+    ap.add_argument("--cycles", type=int, default=3, help="demo chat → RAG → quiet cycles")
+    ap.add_argument("--interval", type=float, default=30.0, help="planning interval, s")
+    ap.add_argument("--clusters", default=",".join(CLUSTERS))
+    ap.add_argument("--only", default="demo,azure-diurnal,mooncake-step")
+    ap.add_argument("--all-static", action="store_true")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    clusters, names = args.clusters.split(","), args.only.split(",")
+    phase, cycles = args.phase, args.cycles
+    if args.quick:
+        clusters, names, phase, cycles = ["two-rtxpro-servers"], ["demo"], 40.0, 1
+    jobs = []
+    for c in clusters:
+        n = CLUSTERS[c]["nodes"] * CLUSTERS[c]["gpus_per_node"] // CLUSTERS[c]["tp"]
+        stride = 1 if args.all_static or n <= 8 else 4
+        if args.quick:
+            stride = 2
+        for w in names:
+            jobs.append((c, w, None, phase, cycles, args.interval))
+            jobs.extend((c, w, p, phase, cycles, args.interval) for p in range(0, n, stride))
+    started = time.perf_counter()
+    runs = []
+    with multiprocessing.Pool(args.jobs) as pool:
+        for r in pool.imap_unordered(run_one, jobs):
+            runs.append(r)
+            who = "planner" if r["static"] is None else f"P={r['static']}"
+            print(f"# {r['cluster']} {r['workload']} {who}: "
+                  f"{r['whole']:.3f} req/s in targets, {r['role_changes']} changes "
+                  f"[{r['wall_s']:.0f} s]", file=sys.stderr, flush=True)
+    out = summarise(runs)
+    out["summary"]["wall_s"] = round(time.perf_counter() - started, 1)
+    print(json.dumps(out["summary"], indent=1))
+    for key, row in out["workloads"].items():
+        print(f"{key}: {json.dumps({k: v for k, v in row.items() if k != 'plans'})}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,272 @@
+"""How well the cost model predicts what the engines do: predicted vs simulated, calibration off.
+
+    .venv/bin/python bench/prediction_accuracy.py [--quick] [--jobs 2] [--json OUT]
+
+Grid: both sample clusters (two-rtxpro-servers, four-h200nvl-servers) × the workloads of
+``shared/data/scenarios.json`` and the Mooncake and Azure (conversation, code) traces × load
+0.5, 1, 2, 4 × aggregated and three P:D splits (n/8, n/4, n/2 prefill workers). Each cell
+runs the virtual-time simulator (``workers_agent.sim.virtual``, its own engine model) on a
+fixed static layout and asks the planner's cost model (``controlplane.planner``, default
+parameters: calibration **off**) for the same layout and the same workload statistics (the
+requests' mean and p95 prompt length, mean answer length, the prefix hit rate the engines
+measured). Compared: TTFT p95, ITL p95 (token gaps) and the share of requests within both
+targets (TTFT and per-request mean ITL).
+
+Load 1 is fixed arithmetic, independent of the cost model being checked: for the scenario
+workloads the rate at which the fleet's prefill would keep its GPUs 15 % busy at their
+datasheet dense peak; for the traces their own arrival rate (Mooncake on the RTX cluster at
+¼ speed: its 15k-token prompts at full speed swamp 8 RTX workers). Load 0.5/2/4 scale it.
+
+Errors: |predicted − simulated| ÷ simulated, per p95. A layout predicted overloaded (p95
+unbounded) counts as error 0 when the simulator also overloaded (p95 over 5× the target or
+under 10 % within targets), else 1 (100 %); errors are capped at 10. ``rank_corr_min`` is the
+worst Spearman correlation, across a case's layouts, of predicted vs simulated goodput (cases
+where the simulator ranks every layout equal are skipped). ``calibration_factor_range`` is
+the range of measured ÷ predicted p95 over the cells the model does not call overloaded:
+where the online calibration's EWMA settles in steady state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+SHARED = ROOT.parent / "shared"
+
+from planner_quality import (  # noqa: E402
+    CLUSTERS,
+    MODEL,
+    planner_topology,
+    shape,
+    sim_engines,
+    sim_links,
+    static_roles,
+)
+
+from controlplane.planner.costmodel import gpu_profile_for  # noqa: E402
+from controlplane.planner.placement import Topology  # noqa: E402
+from controlplane.planner.planner import LoadInput, ModelInput, predict, workload_for  # noqa: E402
+from controlplane.policies.effective import EffectivePolicy  # noqa: E402
+from workers_agent.sim.report import percentile, summarize  # noqa: E402
+from workers_agent.sim.virtual import VirtualFleet  # noqa: E402
+from workers_agent.sim.workload import load_trace, synthetic  # noqa: E402
+
+TRACES = {
+    "azure-conv": ("traces/azure2023_conv.csv", {"ttft_ms": 1000, "itl_ms": 50}),
+    "azure-code": ("traces/azure2023_code.csv", {"ttft_ms": 1000, "itl_ms": 50}),
+    "mooncake": ("traces/mooncake_synthetic.jsonl", {"ttft_ms": 5000, "itl_ms": 50}),
+}
+LOADS = (0.5, 1.0, 2.0, 4.0)
+BUSY_AT_LOAD_1 = 0.15
+WARMUP_SHARE = 0.25  # arrivals in the first quarter fill the queues: not measured
+QUICK = [("four-h200nvl-servers", "rag-4k"), ("four-h200nvl-servers", "azure-conv"),
+         ("two-rtxpro-servers", "prefill-heavy-3k-50")]
+
+
+def scenarios() -> dict:
+    return json.loads((SHARED / "data" / "scenarios.json").read_text())["workloads"]
+
+
+def workers_of(cluster: dict) -> int:
+    return cluster["nodes"] * cluster["gpus_per_node"] // cluster["tp"]
+
+
+def splits(cluster: dict) -> list[int]:
+    n = workers_of(cluster)
+    return [0, *sorted({max(1, n // 8), max(1, n // 4), n // 2})]
+
+
+def base_rate(cluster: dict, sc: dict) -> float:
+    if sc.get("rate_rps"):
+        return float(sc["rate_rps"])
+    gpu = gpu_profile_for(cluster["hardware"])
+    peak = (gpu.tflops_fp8 or gpu.tflops_bf16) * 1e12
+    gpus = cluster["nodes"] * cluster["gpus_per_node"]
+    uncached = sc["isl"] * (1 - sc.get("shared_prefix_fraction", 0.0))
+    flops = 2 * MODEL.params_b * 1e9 * max(uncached, 1.0)
+    return BUSY_AT_LOAD_1 * gpus * peak / flops
+
+
+def make_workload(cluster: dict, name: str, load: float, n: int):
+    sc = scenarios()
+    if name in sc:
+        rate = base_rate(cluster, sc[name]) * load
+        wl = synthetic(sc[name], n, rate_rps=rate, seed=11, name=name, num_prefixes=8)
+        return wl, sc[name]["slo"]
+    path, slo = TRACES[name]
+    speed = load * (0.25 if name == "mooncake" and cluster["hardware"] == "RTX PRO 6000" else 1)
+    wl = load_trace(SHARED / "data" / path, speedup=speed, limit=n)
+    return wl, slo
+
+
+def simulate(cluster: dict, wl, slo: dict, n_prefill: int) -> dict:
+    engines = sim_engines(cluster, static_roles(cluster, n_prefill))
+    fleet = VirtualFleet(engines, sim_links(cluster))
+    result = fleet.run(wl)
+    arrivals = sorted(r.arrival for r in wl.requests)
+    t0 = arrivals[int(len(arrivals) * WARMUP_SHARE)] if arrivals else 0.0
+    late = [r for r in result.results if r.arrival >= t0]
+    span = max(arrivals[-1] - t0, 1e-9) if arrivals else 1.0
+    s = summarize(late, slo["ttft_ms"], slo["itl_ms"], 0.9, result.num_gpus, duration=span)
+    prompts = [r.prompt_tokens for r in late if r.error is None]
+    cached = sum(r.cached_tokens for r in late if r.error is None)
+    return {
+        "ttft_p95_s": (s.ttft_ms.get("p95") or 0) / 1000 if s.ttft_ms.get("p95") else None,
+        "itl_p95_s": (s.itl_ms.get("p95") or 0) / 1000 if s.itl_ms.get("p95") else None,
+        "share": s.slo_attainment,
+        "goodput_rps": s.slo_attainment * len(late) / span,
+        "rate_rps": len(late) / span,
+        "isl_mean": statistics.fmean(prompts) if prompts else 0.0,
+        "isl_p95": percentile(prompts, 95) if prompts else None,
+        "osl_mean": statistics.fmean([r.output_tokens for r in late]) if late else 0.0,
+        "prefix_hit": cached / sum(prompts) if prompts and sum(prompts) else 0.0,
+        "requests": len(late),
+    }
+
+
+def predict_cell(cluster: dict, slo: dict, stats: dict, n_prefill: int) -> dict:
+    engines = sim_engines(cluster)
+    workers, links = planner_topology(cluster, engines)
+    pol = EffectivePolicy(ttft_p95_ms=slo["ttft_ms"], itl_p95_ms=slo["itl_ms"])
+    load = LoadInput(stats["rate_rps"], stats["rate_rps"], stats["isl_mean"], stats["isl_p95"],
+                     stats["osl_mean"], stats["prefix_hit"])
+    inp = ModelInput(1, MODEL, shape(cluster), tuple(workers), load, pol, links)
+    p = predict(inp, n_prefill, workload_for(load, pol, stats["rate_rps"]),
+                Topology(workers, links))
+    return {"ttft_p95_s": None if math.isinf(p.ttft_p95_s) else p.ttft_p95_s,
+            "itl_p95_s": None if math.isinf(p.itl_p95_s) else p.itl_p95_s,
+            "share": p.attainment, "goodput_rps": p.goodput_rps, "overloaded": p.overloaded,
+            "layout": p.layout}
+
+
+def _job(args):
+    cname, wname, load, n_prefill, n = args
+    cluster = CLUSTERS[cname]
+    wl, slo = make_workload(cluster, wname, load, n)
+    started = time.perf_counter()
+    sim = simulate(cluster, wl, slo, n_prefill)
+    pred = predict_cell(cluster, slo, sim, n_prefill)
+    return {"cluster": cname, "workload": wname, "load": load, "n_prefill": n_prefill,
+            "layout": pred["layout"], "slo": slo, "sim": sim, "pred": pred,
+            "wall_s": time.perf_counter() - started}
+
+
+def rel_err(pred: float | None, sim: float | None, target_s: float, sim_share: float) -> float:
+    sim_over = sim is None or sim > 5 * target_s or sim_share < 0.1
+    if pred is None:
+        return 0.0 if sim_over else 1.0
+    if sim is None or sim <= 0:
+        return 1.0
+    return min(abs(pred - sim) / sim, 10.0)
+
+
+def spearman(xs: list[float], ys: list[float]) -> float | None:
+    def ranks(v):
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2
+            i = j + 1
+        return r
+
+    if len(set(ys)) < 2:
+        return None
+    if len(set(xs)) < 2:
+        return 0.0
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    sx = math.sqrt(sum((a - mx) ** 2 for a in rx))
+    sy = math.sqrt(sum((b - my) ** 2 for b in ry))
+    return cov / (sx * sy) if sx and sy else 0.0
+
+
+def quantile(xs: list[float], q: float) -> float | None:
+    return percentile(xs, q) if xs else None
+
+
+def summarise(cells: list[dict]) -> dict:
+    ttft, itl, share, factors = [], [], [], []
+    cases: dict = {}
+    for c in cells:
+        slo = c["slo"]
+        sim, pred = c["sim"], c["pred"]
+        c["ttft_err"] = rel_err(pred["ttft_p95_s"], sim["ttft_p95_s"], slo["ttft_ms"] / 1000,
+                                sim["share"])
+        c["itl_err"] = rel_err(pred["itl_p95_s"], sim["itl_p95_s"], slo["itl_ms"] / 1000,
+                               sim["share"])
+        c["share_err_points"] = abs(pred["share"] - sim["share"]) * 100
+        ttft.append(c["ttft_err"])
+        itl.append(c["itl_err"])
+        share.append(c["share_err_points"])
+        for k in ("ttft_p95_s", "itl_p95_s"):
+            if pred[k] and sim[k] and not pred["overloaded"]:
+                factors.append(sim[k] / pred[k])
+        cases.setdefault((c["cluster"], c["workload"], c["load"]), []).append(c)
+    corrs = {}
+    for key, cs in cases.items():
+        r = spearman([x["pred"]["goodput_rps"] for x in cs], [x["sim"]["goodput_rps"] for x in cs])
+        if r is not None:
+            corrs["/".join(map(str, key))] = round(r, 3)
+    return {
+        "cells": len(cells),
+        "ttft_p95_median_abs_err": quantile(ttft, 50),
+        "ttft_p95_p90_abs_err": quantile(ttft, 90),
+        "itl_p95_median_abs_err": quantile(itl, 50),
+        "itl_p95_p90_abs_err": quantile(itl, 90),
+        "share_abs_err_p90": quantile(share, 90),
+        "rank_corr_min": min(corrs.values()) if corrs else None,
+        "rank_corr": corrs,
+        "calibration_factor_range": [min(factors), max(factors)] if factors else None,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="a representative subset, < 1 min")
+    ap.add_argument("--requests", type=int, default=0, help="requests per cell")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--only", default="", help="comma-separated workload names")
+    ap.add_argument("--json", default="", help="write cells and summary here")
+    args = ap.parse_args()
+    names = [*scenarios(), *TRACES]
+    if args.only:
+        names = [x for x in args.only.split(",") if x]
+    pairs = QUICK if args.quick else [(c, w) for c in CLUSTERS for w in names]
+    loads = (1.0, 2.0) if args.quick else LOADS
+    n = args.requests or (60 if args.quick else 400)
+    jobs = [(c, w, load, p, n) for c, w in pairs for load in loads for p in splits(CLUSTERS[c])]
+    started = time.perf_counter()
+    cells = []
+    with multiprocessing.Pool(args.jobs) as pool:
+        for cell in pool.imap_unordered(_job, jobs):
+            cells.append(cell)
+            print(f"# {cell['cluster']} {cell['workload']} ×{cell['load']:g} {cell['layout']}: "
+                  f"TTFT p95 sim {cell['sim']['ttft_p95_s']} pred {cell['pred']['ttft_p95_s']}; "
+                  f"share sim {cell['sim']['share']:.2f} pred {cell['pred']['share']:.2f} "
+                  f"[{cell['wall_s']:.1f} s]", file=sys.stderr, flush=True)
+    cells.sort(key=lambda c: (c["cluster"], c["workload"], c["load"], c["n_prefill"]))
+    summary = summarise(cells)
+    summary["wall_s"] = round(time.perf_counter() - started, 1)
+    print(json.dumps({k: v for k, v in summary.items() if k != "rank_corr"}, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"summary": summary, "cells": cells}, indent=1,
+                                              default=str))
+
+
+if __name__ == "__main__":
+    main()
