@@ -77,6 +77,7 @@ def _node_facts(cluster: Cluster, node: Node, state: dict | None, now: float) ->
         agent_protocol=node.agent_protocol,
         gpus=gpus,
         nics=nics,
+        gpu_products=tuple({g.product_name for g in node.gpus.all() if not g.missing}),
     )
 
 
@@ -209,7 +210,7 @@ def build_snapshot(now: datetime) -> FleetSnapshot:
     pushes = _push_failures()
     for cluster in Cluster.objects.all():
         hot = _hot_cluster(cluster.pk)
-        for node in Node.objects.filter(cluster=cluster):
+        for node in Node.objects.filter(cluster=cluster).prefetch_related("gpus"):
             nodes.append(_node_facts(cluster, node, hot["nodes"].get(node.pk), ts))
         for worker in Worker.objects.filter(served_model__cluster=cluster).select_related(
             "served_model", "node"

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import pdcatalog as catalog
+
 # --- Rule names (the ``alertname`` label) ------------------------------------------------
 NODE_OFFLINE = "NodeOffline"
 GPU_MEMORY_HIGH = "GpuMemoryHigh"
@@ -28,6 +30,7 @@ GATEWAY_LAGGING = "GatewayLagging"
 PLAN_FAILED = "PlanFailed"
 AGENT_SKEW = "AgentVersionSkew"
 WEBHOOK_ENDPOINT_DISABLED = "WebhookEndpointDisabled"
+GPU_PROFILE_ESTIMATED = "GpuProfileEstimated"
 
 SEVERITIES = ("info", "warning", "critical")
 SEVERITY_RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
@@ -67,6 +70,8 @@ DEFAULT_RULES: dict[str, RuleConfig] = {
     PLAN_FAILED: RuleConfig(severity="warning", for_s=0, threshold=0),
     AGENT_SKEW: RuleConfig(severity="warning", for_s=0, threshold=0),
     WEBHOOK_ENDPOINT_DISABLED: RuleConfig(severity="warning", for_s=0, threshold=0),
+    # A GPU model the hardware catalog does not know: the planner uses an estimate for it.
+    GPU_PROFILE_ESTIMATED: RuleConfig(severity="warning", for_s=0, threshold=0),
 }
 
 
@@ -116,6 +121,7 @@ class NodeFacts:
     agent_protocol: int | None = None
     gpus: tuple[GpuFacts, ...] = ()
     nics: tuple[NicFacts, ...] = ()
+    gpu_products: tuple[str, ...] = ()  # product names of the node's GPUs (inventory)
 
 
 @dataclass(frozen=True)
@@ -289,6 +295,14 @@ def evaluate(
                     {**labels, "nic": nic.name},
                     f"NIC {nic.name} on {n.node}: {rate:.1f} errors+drops/s",
                 )
+
+        if on(GPU_PROFILE_ESTIMATED):
+            for product in sorted(set(n.gpu_products)):
+                found = catalog.lookup_gpu(product)
+                if found.estimated:
+                    emit(GPU_PROFILE_ESTIMATED, {**labels, "gpu_product": product},
+                         f"GPU {product!r} on {n.node} is not in the hardware catalog: "
+                         "the planner uses an estimated profile", found.reason)
 
         if on(AGENT_SKEW):
             reasons = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pdcatalog
 from controlplane.accounts.access import can_on
 from controlplane.accounts.roles import ACTION
 from controlplane.topology.models import Worker
@@ -61,8 +62,17 @@ def node_context(user, node) -> dict:
         "node": node,
         "card": card,
         "engines": engines,
+        "gpu_estimates": gpu_estimates(node),
         "can_act": can_on(user, ACTION, node.cluster_id),
     }
+
+
+def gpu_estimates(node) -> list[tuple[str, str]]:
+    """(product name, why) for each GPU model on the node the hardware catalog does not
+    know: the planner plans it with an estimated profile, and the page says so."""
+    products = sorted({g.product_name for g in node.gpus.all() if not g.missing})
+    found = [pdcatalog.lookup_gpu(p) for p in products]
+    return [(f.query, f.reason) for f in found if f.estimated]
 
 
 def _slo(worker) -> dict:

@@ -119,6 +119,7 @@ class WhatIfAnswer:
     best: str
     arithmetic: list[str] = field(default_factory=list)
     explanation: str = ""
+    gpu_estimate: str = ""  # why the GPU's profile is estimated; "" when it is catalogued
 
     def as_dict(self) -> dict:
         return {
@@ -127,6 +128,7 @@ class WhatIfAnswer:
             "candidates": self.candidates,
             "arithmetic": self.arithmetic,
             "explanation": self.explanation,
+            "gpu_estimate": self.gpu_estimate,
         }
 
 
@@ -177,7 +179,9 @@ def whatif(q: WhatIfQuery) -> WhatIfAnswer:
         f"{secs(best.itl_p95_s)}. Aggregated: goodput {agg.goodput_rps:,.2f} req/s, TTFT p95 "
         f"{secs(agg.ttft_p95_s)}, ITL p95 {secs(agg.itl_p95_s)}."
     )
-    return WhatIfAnswer(q, rows, best.layout, arith, expl)
+    if gpu.estimate:  # an unknown GPU: say so first, the figures below rest on a guess
+        expl = f"Estimated GPU profile: {gpu.estimate_reason}. {expl}"
+    return WhatIfAnswer(q, rows, best.layout, arith, expl, gpu.estimate_reason)
 
 
 def _arithmetic(q: WhatIfQuery, model: ModelSpec, gpu, w) -> list[str]:

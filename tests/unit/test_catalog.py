@@ -103,3 +103,30 @@ def test_the_catalog_and_the_simulator_import_no_django_or_celery():
             "bad = [m for m in ('django', 'celery', 'controlplane') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_an_unknown_gpu_fires_the_estimate_alert_and_a_known_one_does_not():
+    from controlplane.alerts.rules import GPU_PROFILE_ESTIMATED, FleetSnapshot, NodeFacts, evaluate
+
+    def node(name, products):
+        return NodeFacts("c1", name, last_report_age_s=1.0, gpu_products=products)
+
+    result = evaluate(FleetSnapshot(now=100.0, nodes=(
+        node("known", ("NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3")),
+        node("odd", ("NVIDIA GH200 480GB",)),
+    )))
+    fired = [o for o in result.observations if o.rule == GPU_PROFILE_ESTIMATED]
+    assert [o.labels["node"] for o in fired] == ["odd"]
+    assert fired[0].labels["gpu_product"] == "NVIDIA GH200 480GB"
+    assert "estimated" in fired[0].annotations["summary"]
+    assert "not in the hardware catalog" in fired[0].annotations["description"]
+
+
+def test_the_what_if_answer_leads_with_the_estimate():
+    from controlplane.planner.whatif import WhatIfQuery, whatif
+
+    known = whatif(WhatIfQuery(gpu="NVIDIA H200 NVL", nodes=1, gpus_per_node=2))
+    assert known.gpu_estimate == "" and not known.explanation.startswith("Estimated")
+    odd = whatif(WhatIfQuery(gpu="Mystery Accelerator 9000", nodes=1, gpus_per_node=2))
+    assert odd.explanation.startswith("Estimated GPU profile: GPU 'Mystery Accelerator 9000'")
+    assert odd.as_dict()["gpu_estimate"] == odd.gpu_estimate != ""
