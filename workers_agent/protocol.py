@@ -21,7 +21,10 @@ MAX_FRAME_BYTES = 256 * 1024
 MAX_GPUS = 64
 MAX_NICS = 64
 MAX_ENGINES = 64
-MAX_ID_LEN = 128
+MAX_ID_LEN = 128  # GPU uuid and name, engine id and model (DB columns: 128, issue 20 defect 3)
+MAX_NIC_NAME_LEN = 32
+MAX_HOSTNAME_LEN = 253
+MAX_URL_LEN = 200
 DEFAULT_REPORT_INTERVAL_S = 2.0
 DEFAULT_MAX_REPORTS_PER_S = 5.0
 DEFAULT_REPORT_BURST = 20
@@ -42,6 +45,19 @@ COMMAND_STATUSES = ("succeeded", "failed", "refused")
 
 AGENT_TYPES = ("hello", "report", "command_result", "inventory")
 SERVER_TYPES = ("welcome", "command", "error", "ack")
+
+
+def frame_too_large(data: str | bytes, limit: int = MAX_FRAME_BYTES) -> bool:
+    """True when a frame is over ``limit`` bytes as sent (UTF-8), not characters.
+
+    A text frame of n characters is n to 4n bytes: most frames are decided by their length
+    alone, and only those in between are encoded to count."""
+    size = len(data)
+    if isinstance(data, bytes | bytearray) or size > limit:
+        return size > limit
+    if 4 * size <= limit:
+        return False
+    return len(data.encode("utf-8", "surrogatepass")) > limit
 
 
 class ErrorCode:
@@ -199,7 +215,7 @@ def validate_hello(msg: Any) -> list[ProtocolError]:
     ):
         c.fail(ErrorCode.BAD_SCHEMA, "must be a non-empty list of integers", "hello.protocol")
     c.string(msg, "agent_version", "hello", max_len=32)
-    c.string(msg, "hostname", "hello", max_len=253)
+    c.string(msg, "hostname", "hello", max_len=MAX_HOSTNAME_LEN)
     # Optional: the port of the agent's own /metrics, so service discovery can list it.
     c.number(msg, "metrics_port", "hello", lo=1, hi=65535, integer=True)
     inv = msg.get("inventory")
@@ -225,7 +241,7 @@ def validate_hello(msg: Any) -> list[ProtocolError]:
     seen = set()
     for i, nic in enumerate(c.objects(inv, "nics", "inventory", MAX_NICS)):
         p = f"inventory.nics[{i}]"
-        if c.string(nic, "name", p, max_len=32):
+        if c.string(nic, "name", p, max_len=MAX_NIC_NAME_LEN):
             if nic["name"] in seen:
                 c.fail(ErrorCode.BAD_SCHEMA, "duplicate NIC name", f"{p}.name")
             seen.add(nic["name"])
@@ -243,7 +259,7 @@ def validate_hello(msg: Any) -> list[ProtocolError]:
         c.string(eng, "kind", p, optional=True, choices=ENGINE_KINDS)
         c.string(eng, "role", p, optional=True, choices=ROLES)
         for key in ("api_url", "metrics_url", "kv_events_endpoint", "kv_replay_endpoint"):
-            c.string(eng, key, p, optional=True, max_len=200)
+            c.string(eng, key, p, optional=True, max_len=MAX_URL_LEN)
         c.number(eng, "tp", p, lo=1, hi=MAX_GPUS, integer=True)
         c.number(eng, "block_size", p, lo=1, hi=1 << 20, integer=True)
         c.number(eng, "num_gpu_blocks", p, lo=0, hi=BIG, integer=True)
@@ -299,6 +315,20 @@ NIC_REPORT_FIELDS = (
 )
 AGENT_FIELDS = (("dropped_reports", 0, BIG, True), ("buffered", 0, BIG, True),
                 ("reconnects", 0, BIG, True))
+
+# What is kept of a report's gpus[], nics[] and agent{} entries. Unknown fields are dropped,
+# not refused: a newer agent may send more, and an older server must still store what it
+# knows (issue 20, defect 5: they used to be stored as sent).
+GPU_REPORT_KEYS = frozenset(["index", *(f[0] for f in GPU_REPORT_FIELDS)])
+NIC_REPORT_KEYS = frozenset(["name", *(f[0] for f in NIC_REPORT_FIELDS)])
+AGENT_REPORT_KEYS = frozenset(f[0] for f in AGENT_FIELDS)
+
+
+def known_fields(obj: dict, keys: frozenset[str]) -> dict:
+    """``obj`` without the keys the protocol does not define."""
+    if keys.issuperset(obj):
+        return obj
+    return {k: v for k, v in obj.items() if k in keys}
 
 
 def _check_fields(c: _Checker, obj: dict, spec, path: str) -> None:
@@ -431,7 +461,7 @@ def validate_report(msg: Any, inventory: Inventory) -> list[ProtocolError]:
         name = nic.get("name")
         if type(name) is not str or name not in inventory.nic_names:
             p = f"report.nics[{i}]"
-            if c.string(nic, "name", p, max_len=32):
+            if c.string(nic, "name", p, max_len=MAX_NIC_NAME_LEN):
                 c.fail(ErrorCode.UNKNOWN_NIC, f"NIC {name!r} was not in hello", f"{p}.name")
         _check_fields(c, nic, NIC_REPORT_FIELDS, f"report.nics[{i}]")
     agent = msg.get("agent")

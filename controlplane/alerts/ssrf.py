@@ -67,9 +67,38 @@ def system_resolver(host: str, port: int) -> list[str]:
     return [info[4][0] for info in infos]
 
 
+# IPv6 prefixes that carry an IPv4 address in their low 32 bits and reach it through a
+# translator (RFC 6052 NAT64, well-known and local-use prefixes).
+_NAT64 = (ipaddress.IPv6Network("64:ff9b::/96"), ipaddress.IPv6Network("64:ff9b:1::/48"))
+
+
+def embedded_ipv4(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address] | None:
+    """The IPv4 address(es) an IPv6 address stands for, or None when it is plain IPv6.
+
+    IPv4-mapped (``::ffff:a.b.c.d``), IPv4-compatible (``::a.b.c.d``), NAT64
+    (``64:ff9b::/96``, ``64:ff9b:1::/48``), 6to4 (``2002::/16``) and Teredo (both the
+    server and the de-obfuscated client). Each may lead to the IPv4 host, so each is judged
+    as that host.
+    """
+    if address.ipv4_mapped is not None:
+        return [address.ipv4_mapped]
+    if address.sixtofour is not None:
+        return [address.sixtofour]
+    if address.teredo is not None:
+        return list(address.teredo)
+    value = int(address)
+    if any(address in net for net in _NAT64):
+        return [ipaddress.IPv4Address(value & 0xFFFFFFFF)]
+    if value >> 32 == 0 and value > 1:  # IPv4-compatible (deprecated, still routable by some)
+        return [ipaddress.IPv4Address(value)]
+    return None
+
+
 def is_public(address: IPAddress) -> bool:
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
-        address = address.ipv4_mapped
+    if isinstance(address, ipaddress.IPv6Address):
+        embedded = embedded_ipv4(address)
+        if embedded is not None:
+            return all(is_public(inner) for inner in embedded)
     return address.is_global and not address.is_multicast
 
 

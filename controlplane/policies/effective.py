@@ -7,6 +7,7 @@ came from, so the UI and the API can show why a model runs under a given target.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -73,14 +74,32 @@ class PolicyError(ValueError):
 def validate_policy(p: EffectivePolicy) -> dict[str, str]:
     """Cross-field checks on a merged policy; returns field → message (empty when valid)."""
     errors: dict[str, str] = {}
+    for f in fields(p):  # NaN compares false with everything: it would pass every check below
+        value = getattr(p, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            errors[f.name] = "must be a finite number"
+    if errors:
+        return errors
     if p.ttft_p95_ms <= 0:
         errors["ttft_p95_ms"] = "must be positive"
     if p.itl_p95_ms <= 0:
         errors["itl_p95_ms"] = "must be positive"
     if not 0 < p.attainment <= 1:
         errors["attainment"] = "must be in (0, 1]"
-    if p.kv_overlap_weight < 0 or p.load_weight < 0:
-        errors["kv_overlap_weight"] = "routing weights must not be negative"
+    if p.kv_overlap_weight < 0:
+        errors["kv_overlap_weight"] = "must not be negative"
+    if p.load_weight < 0:
+        errors["load_weight"] = "must not be negative"
+    # The routing table carries these as block_size ≥ 1 and local_prefill_max_tokens ≥ 0; a
+    # negative value would build a table every gateway refuses (issue 20, defect 1).
+    if p.routing_block_size < 0:
+        errors["routing_block_size"] = "must be 0 (the model's KV block size) or positive"
+    if p.local_prefill_max_tokens < 0:
+        errors["local_prefill_max_tokens"] = "must not be negative"
+    for name in ("min_prefill_workers", "max_prefill_workers", "min_decode_workers",
+                 "max_decode_workers"):
+        if getattr(p, name) < 0:
+            errors[name] = "must not be negative"
     if p.shed_after_ttft_factor != 0 and p.shed_after_ttft_factor < 1:
         errors["shed_after_ttft_factor"] = "must be 0 (off) or at least 1"
     if p.routing_temperature < 0:
@@ -95,9 +114,9 @@ def validate_policy(p: EffectivePolicy) -> dict[str, str]:
     if p.rebalancing_mode not in {"off", "recommend", "auto"}:
         errors["rebalancing_mode"] = "must be off, recommend or auto"
     if p.min_prefill_workers > p.max_prefill_workers:
-        errors["min_prefill_workers"] = "exceeds max_prefill_workers"
+        errors.setdefault("min_prefill_workers", "exceeds max_prefill_workers")
     if p.min_decode_workers > p.max_decode_workers:
-        errors["min_decode_workers"] = "exceeds max_decode_workers"
+        errors.setdefault("min_decode_workers", "exceeds max_decode_workers")
     if p.rebalance_interval_s < 5:
         errors["rebalance_interval_s"] = "must be at least 5 seconds"
     if p.cooldown_s < 0:

@@ -9,20 +9,22 @@ call costs at most one reconcile interval.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
+from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from controlplane.outbox import store as outbox
-from controlplane.outbox.tasks import kick
 from controlplane.policies.effective import DEFAULT_POLICY, PolicyError
 from controlplane.policies.models import effective_policy_for
 from controlplane.topology.choices import GatewayKind
 from controlplane.topology.models import Cluster, Fabric, Gateway, Node, ServedModel
 
 from .builder import build_table, content_sha
-from .models import ROUTING_PUSH_KIND, SUPERSEDED, GatewayDelivery, RoutingTableVersion
+from .models import DeliveryStatus, GatewayDelivery, RoutingTableVersion
+from .schema import validate_table
 
 log = logging.getLogger(__name__)
 
@@ -31,14 +33,31 @@ log = logging.getLogger(__name__)
 PUSH_KINDS = (GatewayKind.PDPLANE,)
 
 
+class InvalidRoutingTable(ValidationError):
+    """The built table fails its JSON Schema: it was not stored and nothing was pushed
+    (every gateway would refuse it and keep — or never get — a table). ``problems`` lists
+    what is wrong; the refusal is logged and recorded in the change log."""
+
+    def __init__(self, cluster: str, problems: list[str]):
+        self.cluster, self.problems = cluster, problems
+        super().__init__(f"routing table of {cluster} not published, it fails its schema: "
+                         + "; ".join(problems[:5]))
+
+
 def request_publish(cluster_id: int, cause: str, actor: str = "system") -> None:
     """Build the cluster's table; if it differs from the latest stored version, store
-    version+1 with ``cause`` and ``actor`` and, on commit, push it to the gateways."""
-    publish(cluster_id, cause, actor)
+    version+1 with ``cause`` and ``actor`` and, on commit, push it to the gateways.
+
+    A table that fails its schema is refused (logged, change log); callers that publish as
+    a side effect of another change are not failed by it."""
+    with contextlib.suppress(InvalidRoutingTable):  # publish() logged and recorded it
+        publish(cluster_id, cause, actor)
 
 
 def publish(cluster_id: int, cause: str, actor: str = "system") -> RoutingTableVersion | None:
-    """As :func:`request_publish`, returning the new version (None when unchanged)."""
+    """As :func:`request_publish`, returning the new version (None when unchanged).
+
+    Raises :class:`InvalidRoutingTable` (nothing stored) when the table fails its schema."""
     with transaction.atomic():
         # The row lock serialises publishers of one cluster, so version numbers never
         # collide and "latest" is read consistently.
@@ -49,18 +68,43 @@ def publish(cluster_id: int, cause: str, actor: str = "system") -> RoutingTableV
         if latest is not None and latest.content_sha == sha:
             return None
         table["version"] = (latest.version if latest else 0) + 1
-        row = RoutingTableVersion.objects.create(
-            cluster=cluster,
-            version=table["version"],
-            body=table,
-            content_sha=sha,
-            cause=cause[:200],
-            actor=(actor or "system")[:150],
-        )
-        queue_deliveries(row)
-        log.info("routing table %s v%d stored (%s, by %s)", cluster.name, row.version, cause, actor)
-        kick(ROUTING_PUSH_KIND)  # the outbox's worker loop sends them once this commits
-        return row
+        problems = validate_table(table)
+        if not problems:
+            return _store(cluster, table, sha, cause, actor)
+    # Outside the rolled-back work, so the record of the refusal stays.
+    log.error("routing table %s v%d refused before publishing (%s, by %s): %s",
+              cluster.name, table["version"], cause, actor, "; ".join(problems[:10]))
+    from controlplane import audit
+
+    audit.log_action(cluster, "routing_table_refused",
+                     {"cause": cause[:200], "problems": problems[:20]})
+    raise InvalidRoutingTable(cluster.name, problems)
+
+
+def _store(cluster: Cluster, table: dict, sha: str, cause: str, actor: str
+           ) -> RoutingTableVersion:
+    """Store the checked table as the newest version and queue its deliveries."""
+    row = RoutingTableVersion.objects.create(
+        cluster=cluster,
+        version=table["version"],
+        body=table,
+        content_sha=sha,
+        cause=cause[:200],
+        actor=(actor or "system")[:150],
+    )
+    queue_deliveries(row)
+    log.info("routing table %s v%d stored (%s, by %s)", cluster.name, row.version, cause, actor)
+    transaction.on_commit(lambda: _kick_push(cluster.pk), robust=True)
+    return row
+
+
+def _kick_push(cluster_id: int) -> None:
+    from .tasks import push_routing_tables
+
+    # ROUTING_PUSH_QUEUE (optional setting) lets tests give their worker a private queue.
+    push_routing_tables.apply_async(
+        (cluster_id,), queue=getattr(settings, "ROUTING_PUSH_QUEUE", None)
+    )
 
 
 def latest_table(cluster_id: int) -> RoutingTableVersion | None:
@@ -68,14 +112,15 @@ def latest_table(cluster_id: int) -> RoutingTableVersion | None:
 
 
 def queue_deliveries(row: RoutingTableVersion, gateways=None) -> list[GatewayDelivery]:
-    """One pending delivery (an outbox row) per push gateway; older unsent ones are
-    superseded."""
+    """One pending delivery per push gateway; older unsent ones are superseded."""
     now = timezone.now()
     if gateways is None:
         gateways = Gateway.objects.filter(cluster_id=row.cluster_id, kind__in=PUSH_KINDS)
     created = []
     for gateway in gateways:
-        outbox.cancel(GatewayDelivery.objects.filter(gateway=gateway), outcome=SUPERSEDED)
+        GatewayDelivery.objects.filter(gateway=gateway, status=DeliveryStatus.PENDING).update(
+            status=DeliveryStatus.SUPERSEDED, finished_at=now
+        )
         created.append(
             GatewayDelivery.objects.create(gateway=gateway, table=row, next_attempt_at=now)
         )

@@ -17,15 +17,14 @@ import time
 from collections import deque
 
 import orjson
-from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from controlplane.observability import metrics as obs
 from workers_agent import protocol as proto
 
-from . import hotstate
-from .ingest import NodeContext, index_commands, report_commands
+from . import dbpool, hotstate
+from .ingest import STALE, NodeContext, index_commands, report_commands
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +32,15 @@ HELLO_TIMEOUT_S = 10.0
 ERROR_WINDOW_S = 10.0
 ERROR_LIMIT = 200  # errors per window before the connection is dropped (4008)
 
-# Per-node token buckets, shared by every connection of this process so reconnecting does
-# not refill a flooding node's bucket.
-_buckets: dict[int, proto.TokenBucket] = {}
+# Per-node, per-frame-kind token buckets, shared by every connection of this process so
+# reconnecting does not refill a flooding node's bucket. Reports use the configured rate;
+# the other kinds (each costs a database call) use FRAME_RATES (issue 20, defect 8).
+_buckets: dict[tuple[int, str], proto.TokenBucket] = {}
+FRAME_RATES = {  # kind: (frames per second, burst)
+    "hello": (2.0, 30.0),  # reconnects of one node
+    "inventory": (0.2, 5.0),  # each one reconciles the node's rows
+    "command_result": (20.0, 100.0),
+}
 
 # Lua: claim the node's live marker for a new connection; returns the previous channel.
 _CLAIM_LUA = """
@@ -74,10 +79,23 @@ def bearer_token(scope) -> str:
     return ""
 
 
+def take_token(node_id: int, kind: str) -> proto.TokenBucket | None:
+    """None when a frame of ``kind`` from the node may proceed; else the empty bucket."""
+    key = (node_id, kind)
+    bucket = _buckets.get(key)
+    now = time.monotonic()
+    if bucket is None:
+        rate, burst = (max_reports_per_s(), report_burst()) if kind == "report" \
+            else FRAME_RATES[kind]
+        bucket = _buckets[key] = proto.TokenBucket(rate, burst, now)
+    return None if bucket.take(now) else bucket
+
+
 class AgentConsumer(AsyncWebsocketConsumer):
     node = None
     ctx: NodeContext | None = None
     inventory: proto.Inventory | None = None
+    closing = False  # this side sent a close: later frames are dropped unanswered
 
     async def dispatch(self, message):
         # Channels closes stale DB connections before every handler through a thread hop
@@ -98,7 +116,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         from .tokens import node_for_token
 
         try:
-            self.node = await database_sync_to_async(node_for_token)(bearer_token(self.scope))
+            self.node = await dbpool.run(node_for_token, bearer_token(self.scope))
         except Exception:  # database down: the agent retries with backoff
             log.exception("agent token lookup failed")
             await self.send_error(proto.ProtocolError(proto.ErrorCode.INTERNAL,
@@ -132,20 +150,31 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def send_json(self, obj) -> None:
         await self.send(text_data=orjson.dumps(obj).decode())
 
+    async def close(self, code=None, reason=None):
+        # Frames the agent sent before it saw the close still arrive; answering them would
+        # be a send after close, which the server refuses with a RuntimeError (issue 20,
+        # defect 2). Close once; the disconnect bookkeeping follows as usual.
+        if self.closing:
+            return
+        self.closing = True
+        await super().close(code=code, reason=reason)
+
     async def send_error(self, err: proto.ProtocolError, ref=None) -> None:
         obs.MESSAGES_REJECTED.labels(err.code).inc()
         await self.send_json(err.frame(ref))
 
     async def receive(self, text_data=None, bytes_data=None):
-        if self.node is None:
+        if self.node is None or self.closing:
             return
         try:
             await self._receive(text_data if text_data is not None else bytes_data)
         except OSError:
             return  # the agent is gone (uvicorn's ClientDisconnected): nobody to answer
         except Exception:  # a bug must cost one frame, not the connection
+            if self.closing:
+                return  # closed while this frame was handled: nobody to answer
             log.exception("agent consumer failed on a frame from node %s", self.node.pk)
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, RuntimeError):  # RuntimeError: closed meanwhile
                 await self.send_error(proto.ProtocolError(proto.ErrorCode.INTERNAL,
                                                           "server error; frame dropped"))
 
@@ -167,7 +196,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def _receive(self, data) -> None:
         if data is None:
             return
-        if len(data) > proto.MAX_FRAME_BYTES:
+        if proto.frame_too_large(data):
             await self.reject(proto.ProtocolError(
                 proto.ErrorCode.TOO_LARGE, f"frame exceeds {proto.MAX_FRAME_BYTES} bytes"))
             return
@@ -214,10 +243,25 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 f"this token belongs to {self.node.hostname!r}, not {msg['hostname'][:64]!r}"))
             await self.close(code=proto.CLOSE_FORBIDDEN)
             return
+        if take_token(self.node.pk, "hello") is not None:
+            await self.send_error(proto.ProtocolError(
+                proto.ErrorCode.RATE_LIMITED, "reconnecting too often; back off and retry"))
+            await self.close(code=proto.CLOSE_TOO_MANY_ERRORS)
+            return
+        try:
+            result = await dbpool.run(
+                _accept_hello, self.node.pk, msg["agent_version"], version, msg["inventory"],
+                self._agent_metrics_url(msg.get("metrics_port")))
+        except Exception:
+            # A hello that passed validation and still fails in the database (or the
+            # database is down): say so and close, so the agent retries with backoff rather
+            # than waiting on an open socket that will never welcome it (defect 3).
+            log.exception("hello of node %s could not be stored", self.node.pk)
+            await self.send_error(proto.ProtocolError(
+                proto.ErrorCode.INTERNAL, "server could not store the inventory; retry later"))
+            await self.close(code=1011)
+            return
         self.hello_timer.cancel()
-        result = await database_sync_to_async(_accept_hello)(
-            self.node.pk, msg["agent_version"], version, msg["inventory"],
-            self._agent_metrics_url(msg.get("metrics_port")))
         redis = hotstate.async_redis()
         keys = hotstate.Keys()
         gen = int(await redis.incr(keys.gen(self.node.pk)))
@@ -242,7 +286,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
                        "max_reports_per_s": max_reports_per_s(), "burst": report_burst()},
             "unmatched_engines": result.unmatched,
         })
-        for frame in await database_sync_to_async(_claim_pending_commands)(self.node.pk):
+        for frame in await dbpool.run(_claim_pending_commands, self.node.pk):
             await self.send_json(frame)
 
     def _agent_metrics_url(self, port) -> str:
@@ -262,8 +306,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if errors:
             await self.reject(errors[0])
             return
-        result = await database_sync_to_async(_accept_hello)(
-            self.node.pk, None, None, msg["inventory"])
+        if (bucket := take_token(self.node.pk, "inventory")) is not None:
+            await self.reject(proto.ProtocolError(
+                proto.ErrorCode.RATE_LIMITED,
+                f"more than {bucket.rate:g} inventory frames/s; frame dropped"))
+            return
+        result = await dbpool.run(_accept_hello, self.node.pk, None, None, msg["inventory"])
         self.ctx.workers = result.workers
         self.inventory = proto.Inventory.from_hello(msg["inventory"])
         await hotstate.get_writer().submit(index_commands(self.ctx, hotstate.Keys()))
@@ -277,12 +325,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
                                                   "send hello first"))
             return
         seq = msg.get("seq")
-        bucket = _buckets.get(ctx.node_id)
-        now_mono = time.monotonic()
-        if bucket is None:
-            bucket = _buckets[ctx.node_id] = proto.TokenBucket(
-                max_reports_per_s(), report_burst(), now_mono)
-        if not bucket.take(now_mono):
+        if (bucket := take_token(ctx.node_id, "report")) is not None:
             await self.reject(proto.ProtocolError(
                 proto.ErrorCode.RATE_LIMITED,
                 f"more than {bucket.rate:g} reports/s; report dropped"), seq)
@@ -296,7 +339,19 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return
         writer = hotstate.get_writer()
         now = time.time()
-        ok = await writer.submit(report_commands(ctx, msg, now, writer.keys, writer.history_due))
+        replies = await writer.submit(
+            report_commands(ctx, msg, now, writer.keys, writer.history_due))
+        ok = replies is not None and not isinstance(replies[0], Exception)
+        if ok and replies[0] == STALE:
+            # A newer connection of this node was welcomed: its data wins. No ack, so the
+            # agent keeps the report and sends it again on the newer connection.
+            await self.send_error(proto.ProtocolError(
+                "superseded", "a newer connection of this node took over; report not "
+                "applied"), seq)
+            await self.close(code=proto.CLOSE_SUPERSEDED)
+            return
+        if not ok and replies is not None:
+            log.warning("hot-state write for node %s refused: %r", ctx.node_id, replies[0])
         writer.mark_changed(ctx.cluster_id, ctx.node_id)
         if ok:
             obs.REPORTS_INGESTED.inc()
@@ -319,7 +374,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 self.observed[eng["id"]] = seen
                 from .reconcile import record_observed
 
-                self.spawn(database_sync_to_async(record_observed)(wid, *seen))
+                self.spawn(dbpool.run(record_observed, wid, *seen))
 
     # ---------------------------------------------------------------- commands
 
@@ -332,10 +387,15 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if errors:
             await self.reject(errors[0], msg.get("id"))
             return
+        if (bucket := take_token(self.node.pk, "command_result")) is not None:
+            await self.reject(proto.ProtocolError(
+                proto.ErrorCode.RATE_LIMITED,
+                f"more than {bucket.rate:g} command results/s; frame dropped"), msg["id"])
+            return
         from .commands import record_result
 
-        found = await database_sync_to_async(record_result)(
-            self.node.pk, msg["id"], msg["status"], msg.get("detail") or "")
+        found = await dbpool.run(
+            record_result, self.node.pk, msg["id"], msg["status"], msg.get("detail") or "")
         if not found:
             await self.reject(proto.ProtocolError(
                 proto.ErrorCode.FORBIDDEN, "no such command for this node"), msg["id"])
@@ -346,7 +406,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return  # delivered from the database on hello instead
         from .commands import mark_sent
 
-        if await database_sync_to_async(mark_sent)(event["id"]):
+        if await dbpool.run(mark_sent, event["id"]):
             await self.send_json({"type": "command", "id": event["id"],
                                   "command": event["command"], "args": event["args"],
                                   "expires_at": event.get("expires_at")})
@@ -372,7 +432,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             if released:
                 from .liveness import mark_disconnected
 
-                await database_sync_to_async(mark_disconnected)(self.ctx.node_id)
+                await dbpool.run(mark_disconnected, self.ctx.node_id)
         except Exception as exc:
             log.warning("disconnect bookkeeping for node %s failed: %s", self.ctx.node_id, exc)
 

@@ -101,7 +101,9 @@ class HotStateWriter:
         self.commands_written = 0
 
     def submit(self, commands: list[tuple]) -> asyncio.Future:
-        """Queue Redis commands; the future resolves once they were written (or failed)."""
+        """Queue Redis commands; the future resolves once they were sent: to the list of
+        their replies (an exception instance for a command Redis refused), or to None
+        when Redis could not be reached."""
         fut = self.loop.create_future()
         self._batch.append((commands, fut))
         if not self._scheduled and not self._flushing:
@@ -124,16 +126,18 @@ class HotStateWriter:
                     for cmd in commands:
                         pipe.execute_command(*cmd)
                 try:
-                    await pipe.execute(raise_on_error=False)
-                    error = None
+                    replies = await pipe.execute(raise_on_error=False)
                 except Exception as exc:  # Redis down: every waiter learns it, nobody crashes
                     log.warning("hot-state flush failed: %s", exc)
-                    error = exc
+                    replies = None
                 self.flushes += 1
                 self.commands_written += sum(len(c) for c, _ in batch)
-                for _, fut in batch:
+                at = 0
+                for commands, fut in batch:
                     if not fut.done():
-                        fut.set_result(error is None)
+                        fut.set_result(None if replies is None
+                                       else replies[at:at + len(commands)])
+                    at += len(commands)
         finally:
             self._flushing = False
 

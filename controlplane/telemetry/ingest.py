@@ -11,6 +11,13 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from workers_agent.protocol import (
+    AGENT_REPORT_KEYS,
+    GPU_REPORT_KEYS,
+    NIC_REPORT_KEYS,
+    known_fields,
+)
+
 from . import enginestats
 from .hotstate import HISTORY_POINTS, Keys
 
@@ -81,33 +88,58 @@ def build_states(ctx: NodeContext, report: dict, now: float) -> tuple[dict, dict
     node = {
         "node_id": ctx.node_id, "cluster_id": ctx.cluster_id, "hostname": ctx.hostname,
         "last_report_at": now, **common,
-        "gpus": report.get("gpus", []), "nics": report.get("nics", []),
+        "gpus": [known_fields(g, GPU_REPORT_KEYS) for g in report.get("gpus", ())],
+        "nics": [known_fields(n, NIC_REPORT_KEYS) for n in report.get("nics", ())],
         "engines": engines_brief, "unmatched_engines": unmatched,
-        "agent": report.get("agent") or {},
+        "agent": known_fields(report.get("agent") or {}, AGENT_REPORT_KEYS),
     }
     return node, workers
 
 
+# Lua: write one report only while its connection's generation is the node's newest
+# (issue 20, defect 6: reports in flight on an old connection overwrote the newer one's).
+# A missing counter (hot state flushed) does not block the writer.
+# KEYS: gen counter, cluster hash, seen zset, history lists…; ARGV: gen, now, node id,
+# number of hash arguments n, history length, n hash arguments, one point per history key.
+WRITE_REPORT_LUA = """
+local g = redis.call('GET', KEYS[1])
+if g and g ~= ARGV[1] then return 0 end
+local n = tonumber(ARGV[4])
+redis.call('HSET', KEYS[2], unpack(ARGV, 6, 5 + n))
+redis.call('ZADD', KEYS[3], ARGV[2], ARGV[3])
+for i = 4, #KEYS do
+  redis.call('RPUSH', KEYS[i], ARGV[2 + n + i])
+  redis.call('LTRIM', KEYS[i], -tonumber(ARGV[5]), -1)
+end
+return 1
+"""
+STALE = 0  # the reply of WRITE_REPORT_LUA when a newer connection owns the node
+
+
 def report_commands(ctx: NodeContext, report: dict, now: float, keys: Keys,
                     history_due) -> list[tuple]:
-    """Redis commands writing one report: one HSET into the cluster hash, one ZADD for
-    liveness, and history pushes when ``history_due(key, now)`` says so."""
+    """The Redis command writing one report, as one script: the node's and its workers'
+    fields in the cluster hash, its liveness score, and history points when
+    ``history_due(key, now)`` says so. Its reply is 1, or :data:`STALE` (nothing written)
+    when the report's connection generation is no longer the node's newest."""
     node, workers = build_states(ctx, report, now)
-    hset = ["HSET", keys.cluster(ctx.cluster_id), f"n:{ctx.node_id}", orjson.dumps(node)]
+    fields: list = [f"n:{ctx.node_id}", orjson.dumps(node)]
     for wid, state in workers.items():
-        hset += [f"w:{wid}", orjson.dumps(state)]
-    cmds: list[tuple] = [tuple(hset), ("ZADD", keys.seen, now, ctx.node_id)]
-    # Engine counter/histogram snapshots for fleet rates and percentiles.
-    cmds += enginestats.report_snapshot_commands(ctx.workers, report, now, keys, history_due)
+        fields += [f"w:{wid}", orjson.dumps(state)]
+    history_keys, points = [], []
     hkey = keys.history("n", ctx.node_id)
     if history_due(hkey, now):
-        cmds.append(("RPUSH", hkey, orjson.dumps(node_history_point(report, now))))
-        cmds.append(("LTRIM", hkey, -HISTORY_POINTS, -1))
+        history_keys.append(hkey)
+        points.append(orjson.dumps(node_history_point(report, now)))
         for wid, state in workers.items():
-            wkey = keys.history("w", wid)
-            cmds.append(("RPUSH", wkey, orjson.dumps(worker_history_point(state, now))))
-            cmds.append(("LTRIM", wkey, -HISTORY_POINTS, -1))
-    return cmds
+            history_keys.append(keys.history("w", wid))
+            points.append(orjson.dumps(worker_history_point(state, now)))
+    script_keys = [keys.gen(ctx.node_id), keys.cluster(ctx.cluster_id), keys.seen,
+                   *history_keys]
+    return [("EVAL", WRITE_REPORT_LUA, len(script_keys), *script_keys, ctx.gen, now,
+             ctx.node_id, len(fields), HISTORY_POINTS, *fields, *points),
+            # Engine counter/histogram snapshots for fleet rates and percentiles.
+            *enginestats.report_snapshot_commands(ctx.workers, report, now, keys, history_due)]
 
 
 def index_commands(ctx: NodeContext, keys: Keys) -> list[tuple]:

@@ -4,6 +4,7 @@ import orjson
 
 from controlplane.telemetry.hotstate import HISTORY_POINTS, Keys
 from controlplane.telemetry.ingest import (
+    WRITE_REPORT_LUA,
     NodeContext,
     build_states,
     index_commands,
@@ -42,17 +43,31 @@ def test_node_history_point_aggregates_ignoring_nulls():
                  "power_w": 100, "nic_tx_gbps": 3.0, "nic_rx_gbps": 4.0}
 
 
+def _script_call(cmd):
+    """(keys, argv) of the generation-checked write script (ingest.WRITE_REPORT_LUA)."""
+    assert cmd[0] == "EVAL" and cmd[1] == WRITE_REPORT_LUA
+    n = cmd[2]
+    return list(cmd[3:3 + n]), list(cmd[3 + n:])
+
+
 def test_report_commands_one_hset_and_history_only_when_due():
     keys = Keys("p:")
     cmds = report_commands(CTX, REPORT, 200.0, keys, lambda key, now: False)
-    assert [c[0] for c in cmds] == ["HSET", "ZADD"]
-    hset = cmds[0]
-    assert hset[1] == "p:c:2" and hset[2] == "n:7" and hset[4] == "w:11"
-    assert orjson.loads(hset[5])["running"] == 3
+    script_keys, argv = _script_call(cmds[0])
+    # Checked against the node's generation counter, then one HSET into the cluster hash
+    # and one ZADD for liveness.
+    assert script_keys == ["p:gen:7", "p:c:2", "p:seen"]
+    gen, now, node, nfields, points = argv[:5]
+    assert (gen, now, node, nfields, points) == (3, 200.0, 7, 4, HISTORY_POINTS)
+    fields = argv[5:5 + nfields]
+    assert fields[0] == "n:7" and fields[2] == "w:11"
+    assert orjson.loads(fields[3])["running"] == 3
+    assert len(argv) == 5 + nfields  # no history point when not due
     due = report_commands(CTX, REPORT, 200.0, keys, lambda key, now: True)
-    assert [c[0] for c in due] == ["HSET", "ZADD", "RPUSH", "LTRIM", "RPUSH", "LTRIM"]
-    assert due[3] == ("LTRIM", "p:h:n:7", -HISTORY_POINTS, -1)
-    assert due[4][1] == "p:h:w:11"
+    script_keys, argv = _script_call(due[0])
+    assert script_keys[3:] == ["p:h:n:7", "p:h:w:11"]
+    history = argv[5 + argv[3]:]
+    assert len(history) == 2 and orjson.loads(history[1])["running"] == 3
 
 
 def test_index_commands_map_node_and_matched_workers_to_cluster():

@@ -46,8 +46,8 @@ class Node(TimestampedModel):
 class GPU(TimestampedModel):
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
     index = models.PositiveSmallIntegerField(validators=[MaxValueValidator(63)])
-    uuid = models.CharField(max_length=64, unique=True, help_text="e.g. GPU-5f0c…")
-    product_name = models.CharField(max_length=100)
+    uuid = models.CharField(max_length=128, unique=True, help_text="e.g. GPU-5f0c…")
+    product_name = models.CharField(max_length=128)
     memory_bytes = models.PositiveBigIntegerField(validators=[MinValueValidator(1)])
     memory_bandwidth_gbs = models.FloatField(
         null=True, blank=True, help_text="HBM/GDDR bandwidth in GB/s (datasheet)"

@@ -1,0 +1,184 @@
+"""Issue 20 regression tests for the agent consumer (in-process, real PostgreSQL + Redis):
+defects 3 (DB limits and DB errors during hello), 6 (generation-checked hot-state writes),
+8 (rate limits per frame kind) and 9 (hellos that do not queue behind each other).
+
+Defects 2 and 10 need the real ASGI server: tests/integration/adversarial/.
+"""
+
+import asyncio
+import time
+
+import orjson
+import pytest
+from django.db import OperationalError
+
+from controlplane.telemetry import consumers, hotstate
+from controlplane.telemetry.ingest import NodeContext, index_commands, report_commands
+from controlplane.telemetry.tokens import issue_token
+from controlplane.topology.models import GPU, Node, Worker
+from tests.integration import test_ingest_consumer as base
+from tests.integration.test_ingest_consumer import connect, hello, recv, report, run
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+fleet, redis_prefix = base.fleet, base.redis_prefix  # the consumer tests' fixtures
+
+
+def send(comm, msg):
+    return comm.send_to(text_data=orjson.dumps(msg).decode())
+
+
+# --------------------------------------------------------------------------- defect 3
+
+def test_defect3_longest_protocol_values_are_stored(fleet):
+    _c, a, token_a, _b, _ = fleet
+    msg = hello()
+    msg["inventory"]["gpus"][0]["uuid"] = "GPU-" + "u" * 124  # 128 characters
+    msg["inventory"]["gpus"][0]["name"] = "N" * 128
+
+    async def scenario():
+        comm = await connect(token_a)
+        await send(comm, msg)
+        assert (await recv(comm))["type"] == "welcome"
+        await comm.disconnect()
+
+    run(scenario())
+    gpu = GPU.objects.get(node=a, index=0)
+    assert len(gpu.uuid) == 128 and gpu.product_name == "N" * 128
+
+
+def test_defect3_database_error_during_hello_closes_with_a_typed_error(fleet, monkeypatch):
+    _c, _a, token_a, _b, _ = fleet
+
+    def broken(*args, **kwargs):
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(consumers, "_accept_hello", broken)
+
+    async def scenario():
+        comm = await connect(token_a)
+        await send(comm, hello())
+        err = await recv(comm)
+        assert err["type"] == "error" and err["code"] == "internal"
+        assert (await comm.receive_output(2))["type"] == "websocket.close"
+
+    run(scenario())
+
+
+# --------------------------------------------------------------------------- defect 6
+
+def test_defect6_report_of_an_older_generation_is_not_applied(fleet):
+    cluster, a, _token_a, _b, _ = fleet
+    keys = hotstate.Keys()
+    client = hotstate.sync_redis()
+
+    def write(gen, running):
+        ctx = NodeContext(a.pk, cluster.pk, a.hostname, gen, 2.0, {"e0": 99})
+        msg = report(1, running=running)
+        replies = [client.execute_command(*cmd) for cmd in index_commands(ctx, keys)]
+        for cmd in report_commands(ctx, msg, time.time(), keys, lambda k, n: True):
+            replies.append(client.execute_command(*cmd))
+        return replies
+
+    client.set(keys.gen(a.pk), 2)  # generation 2 was welcomed
+    write(2, running=5)
+    write(1, running=77)  # in flight from the old connection
+    assert hotstate.worker_state(99)["running"] == 5
+    assert hotstate.node_state(a.pk)["gen"] == 2
+
+
+def test_defect6_old_connection_reports_after_newer_welcome_are_neither_applied_nor_acked(
+        fleet, monkeypatch):
+    _c, a, token_a, _b, _ = fleet
+
+    async def superseded_late(self, event):  # the supersede message is still in flight
+        return None
+
+    monkeypatch.setattr(consumers.AgentConsumer, "agent_superseded", superseded_late)
+
+    async def scenario():
+        old = await connect(token_a)
+        await send(old, hello())
+        assert (await recv(old))["type"] == "welcome"
+        new = await connect(token_a)
+        await send(new, hello())
+        assert (await recv(new))["type"] == "welcome"
+        await send(new, report(1, running=5))
+        assert (await recv(new))["type"] == "ack"
+        await send(old, report(2, running=77))
+        answer = await recv(old)
+        assert answer["type"] == "error" and answer["code"] == "superseded", answer
+        await old.disconnect()
+        await new.disconnect()
+
+    run(scenario())
+    worker = Worker.objects.get(node=a, name="e0")
+    assert hotstate.worker_state(worker.pk)["running"] == 5
+
+
+# --------------------------------------------------------------------------- defect 8
+
+def test_defect8_inventory_flood_is_rate_limited_before_the_database(fleet, monkeypatch):
+    _c, _a, token_a, _b, token_b = fleet
+    calls = []
+    real = consumers._accept_hello
+
+    def counting(*args, **kwargs):
+        calls.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(consumers, "_accept_hello", counting)
+    burst = int(consumers.FRAME_RATES["inventory"][1])
+
+    async def scenario():
+        ca, cb = await connect(token_a), await connect(token_b)
+        await send(ca, hello("node-a"))
+        await send(cb, hello("node-b"))
+        assert (await recv(ca))["type"] == "welcome"
+        assert (await recv(cb))["type"] == "welcome"
+        inventory = {"type": "inventory", "inventory": hello("node-a")["inventory"]}
+        for _ in range(60):
+            await send(ca, inventory)
+        limited = [await recv(ca) for _ in range(60 - burst - 1)]
+        assert all(f["code"] == "rate_limited" for f in limited), limited
+        started = time.monotonic()
+        await send(cb, report(1))
+        assert (await recv(cb))["type"] == "ack"
+        assert time.monotonic() - started < 2.0
+        await ca.disconnect()
+        await cb.disconnect()
+
+    run(scenario())
+    node_a = Node.objects.get(hostname="node-a").pk
+    # One hello plus at most the burst (and what refilled meanwhile) reached the database.
+    assert calls.count(node_a) <= burst + 2
+
+
+# --------------------------------------------------------------------------- defect 9
+
+def test_defect9_hellos_of_different_nodes_are_stored_side_by_side(fleet, monkeypatch):
+    cluster, _a, _ta, _b, _tb = fleet
+    nodes = [Node.objects.create(cluster=cluster, hostname=f"par-{i}") for i in range(6)]
+    tokens = [issue_token(n) for n in nodes]
+    real = consumers._accept_hello
+
+    def slow(*args, **kwargs):
+        time.sleep(0.5)  # a slow database: 6 serialised hellos would take 3 s
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(consumers, "_accept_hello", slow)
+
+    async def one(node, token):
+        comm = await connect(token)
+        await send(comm, hello(node.hostname))
+        welcome = await recv(comm, timeout=20)
+        await comm.disconnect()
+        return welcome
+
+    async def scenario():
+        started = time.monotonic()
+        welcomes = await asyncio.gather(*(one(n, t) for n, t in zip(nodes, tokens, strict=True)))
+        return time.monotonic() - started, welcomes
+
+    elapsed, welcomes = run(scenario())
+    assert all(w["type"] == "welcome" for w in welcomes)
+    assert elapsed < 2.5, f"hellos took {elapsed:.2f} s: serialised (≥ 3 s)"
