@@ -25,8 +25,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from . import explain, signing
 from .config import GatewayConfig
+from .engines import handshake_for
 from .kv_subscriber import KvEventSubscriber
 from .metrics import GatewayMetrics
+from .pairs import PairHealth
 from .prefix_index import (
     CHARS_PER_TOKEN,
     AllBlocksCleared,
@@ -38,7 +40,7 @@ from .prefix_index import (
     text_chunk_hashes,
     token_block_hashes,
 )
-from .proxy import UpstreamFailure, decode_body, open_upstream, prefill_body
+from .proxy import PairFailure, UpstreamFailure, open_upstream
 from .router import NoWorkerError, WorkerLoad, blocks_for, plan_request
 from .table import ModelRoute, RoutingTable, TableStore
 
@@ -120,6 +122,8 @@ class Gateway:
         self.estimators: dict[str, TokenEstimator] = {}
         self._sized_at: dict[str, float] = {}
         self.rng = random.Random(config.seed)
+        self.pairs = PairHealth(cooldown_s=config.pd_pair_cooldown_s)
+        self.metrics.watch_pairs(self.pairs)
         self.decision_log = explain.DecisionLog(config.decision_log_sample,
                                                 seed=config.seed)
         self.session: aiohttp.ClientSession | None = None
@@ -130,6 +134,11 @@ class Gateway:
         self.upstream_timeout = aiohttp.ClientTimeout(
             total=config.request_timeout_s, connect=config.connect_timeout_s,
             sock_connect=config.connect_timeout_s,
+        )
+        # A prefill emits one token: one that takes longer than this fails its pair.
+        self.prefill_timeout = aiohttp.ClientTimeout(
+            total=min(config.pd_prefill_timeout_s, config.request_timeout_s),
+            connect=config.connect_timeout_s, sock_connect=config.connect_timeout_s,
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -184,6 +193,7 @@ class Gateway:
 
     def _table_changed(self, table: RoutingTable) -> None:
         self.metrics.table_version.set(table.version)
+        self.pairs.forget_workers({w.id for w in table.all_workers()})
         for model in table.models.values():
             self._size_prefix_index(model)
         if self.subscriber is not None:
@@ -364,6 +374,7 @@ class Gateway:
                 "approx_index_entries": len(self.approx),
                 "kv_event_workers": {m: idx.workers() for m, idx in self.precise.items()},
                 "kv_streams": self.kv_streams_view(),
+                "pd_pairs": self.pairs.view(),
             }
         )
 
@@ -431,6 +442,7 @@ class Gateway:
         request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         prompt = await self._prompt_view(model, body, chat)
         exclude: set[str] = set()
+        bad_pairs: set[tuple[str, str]] = set()
         attempt = 0
         # Only the even-inflow tie-break reads it (cost picks at temperature 0).
         inflow = None
@@ -445,6 +457,12 @@ class Gateway:
                 self.metrics.errors.labels(model.name, "no_worker").inc()
                 return self._reject(503, str(exc), model.name, endpoint,
                                     kind="service_unavailable")
+            if plan.prefill and ((plan.prefill, plan.decode) in bad_pairs
+                                 or not self.pairs.allows(plan.prefill, plan.decode)):
+                # Not over a pair that is failing: plan again without that prefill worker
+                # (with none left the decode worker prefills locally).
+                exclude.add(plan.prefill)
+                continue
             reason = plan.reason if attempt == 0 else f"retry_{plan.reason}"
             self.metrics.decisions.labels(model.name, reason).inc()
             why = self._explain(model, plan, prompt, request_id, retried=attempt > 0)
@@ -454,9 +472,16 @@ class Gateway:
             except UpstreamFailure as exc:
                 self.metrics.errors.labels(model.name, "upstream").inc()
                 log.warning("request %s: %s", request_id, exc)
-                exclude.add(exc.worker_id)
+                if isinstance(exc, PairFailure):
+                    self.pairs.failed(exc.prefill, exc.decode, exc.kind)
+                    self.metrics.pair_failures.labels(exc.prefill, exc.decode, exc.kind).inc()
+                    bad_pairs.add((exc.prefill, exc.decode))
+                    if exc.kind == "prefill_failed":
+                        exclude.add(exc.prefill)
+                else:
+                    exclude.add(exc.worker_id)
                 attempt += 1
-                if attempt > 1 or not self.config.retry_before_first_byte:
+                if attempt >= self.config.max_attempts or not self.config.retry_before_first_byte:
                     return self._reject(502, f"upstream failed: {exc.reason}", model.name,
                                         endpoint, kind="upstream_error")
                 self.metrics.retries.labels(model.name, "before_first_byte").inc()
@@ -609,19 +634,34 @@ class Gateway:
         """Remote prefill (P/D), then the answering worker's response up to its first token:
         the open upstream, or a Response to pass on (the prefill worker refused the request)."""
         data = raw
+        worker = model.worker(plan.decode)
+        handshake = handshake_for(worker.engine)
         if plan.prefill:
-            early = await self._prefill(model, plan, body, endpoint, chat, headers, prompt)
+            early = await self._prefill(model, plan, body, endpoint, chat, headers, prompt,
+                                        handshake)
             if isinstance(early, web.Response):
                 return early
             reservation.prefill_done()
-            data = orjson.dumps(decode_body(body, early))
-        worker = model.worker(plan.decode)
+            data = orjson.dumps(handshake.decode_request(body, early))
         self.metrics.worker_requests.labels(worker.id, "decode" if plan.prefill else
                                             "full").inc()
         upstream = await open_upstream(
             self.session, worker.id, f"{worker.url}/v1/{endpoint}", data, headers,
             timeout=self.upstream_timeout,
         )
+        if plan.prefill and 400 <= upstream.status < 500:
+            try:
+                payload = upstream.first_chunk + await self._read_rest(upstream)
+            finally:
+                upstream.close()
+            if handshake.is_transfer_refusal(upstream.status, payload):
+                raise PairFailure(plan.prefill, plan.decode, "transfer_refused",
+                                  f"decode refused the KV transfer: HTTP {upstream.status}",
+                                  upstream.status)
+            return web.Response(body=payload, status=upstream.status,
+                                content_type="application/json")
+        if plan.prefill:
+            self.pairs.succeeded(plan.prefill, plan.decode)
         try:
             if stream and upstream.status == 200 and not _has_token(upstream.first_chunk):
                 # Hold chat's opening role chunk back until a token comes, so a worker
@@ -632,17 +672,22 @@ class Gateway:
             raise
         return upstream
 
-    async def _prefill(self, model, plan, body, endpoint, chat, headers, prompt):
+    async def _prefill(self, model, plan, body, endpoint, chat, headers, prompt, handshake):
         worker = model.worker(plan.prefill)
         self.metrics.worker_requests.labels(worker.id, "prefill").inc()
-        upstream = await open_upstream(
-            self.session, worker.id, f"{worker.url}/v1/{endpoint}",
-            orjson.dumps(prefill_body(body, chat=chat)), headers, timeout=self.upstream_timeout,
-        )
         try:
-            payload = upstream.first_chunk + await self._read_rest(upstream)
-        finally:
-            upstream.close()
+            upstream = await open_upstream(
+                self.session, worker.id, f"{worker.url}/v1/{endpoint}",
+                orjson.dumps(handshake.prefill_request(body, chat=chat)), headers,
+                timeout=self.prefill_timeout,
+            )
+            try:
+                payload = upstream.first_chunk + await self._read_rest(upstream)
+            finally:
+                upstream.close()
+        except UpstreamFailure as exc:
+            raise PairFailure(plan.prefill, plan.decode, "prefill_failed", exc.reason,
+                              exc.status) from exc
         if upstream.status != 200:
             # The request itself is at fault (4xx): answer the client with it.
             return web.Response(body=payload, status=upstream.status,
@@ -650,10 +695,11 @@ class Gateway:
         try:
             answer = orjson.loads(payload)
         except orjson.JSONDecodeError as exc:
-            raise UpstreamFailure(worker.id, "prefill answer is not JSON") from exc
+            raise PairFailure(plan.prefill, plan.decode, "prefill_failed",
+                              "prefill answer is not JSON") from exc
         self._learn_tokens(model, prompt, payload, answer)
-        params = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
-        if not isinstance(params, dict):
+        params = handshake.transfer_params(answer)
+        if params is None:
             self.metrics.decisions.labels(model.name, "pd_no_kv_params").inc()
             return None
         return params

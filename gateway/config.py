@@ -36,6 +36,9 @@ class GatewayConfig:
     connect_timeout_s: float = 2.0
     request_timeout_s: float = 600.0
     retry_before_first_byte: bool = True
+    max_attempts: int = 3  # tries per request before the first byte (workers or P/D pairs)
+    pd_prefill_timeout_s: float = 60.0
+    pd_pair_cooldown_s: float = 5.0  # a failing P/D pair is skipped this long, then probed
     # Prefix index.
     approx_ttl_s: float = 120.0
     kv_events: bool = True
@@ -61,6 +64,8 @@ class GatewayConfig:
             raise GatewayConfigError("pulling from the control plane needs an admin secret")
         if not 0 <= self.decision_log_sample <= 1:
             raise GatewayConfigError("decision_log_sample must be within 0–1")
+        if self.max_attempts < 1:
+            raise GatewayConfigError("max_attempts must be ≥ 1")
         if self.max_table_bytes < 1024:
             raise GatewayConfigError("max_table_bytes must be at least 1024")
         if self.pull_interval_s < 0:

@@ -88,8 +88,18 @@ class GatewayMetrics:
             "pdplane_gateway_estimated_prompt_tokens", "Prompt tokens (estimated) routed",
             ["model"], registry=r,
         )
+        self.pair_failures = Counter(
+            "pdplane_gateway_pd_pair_failures", "Prefill→decode pair failures before the "
+            "first byte (prefill_failed, transfer_refused)", ["prefill", "decode", "kind"],
+            registry=r,
+        )
+        self._pair_collector = _PairCollector(None)
+        r.register(self._pair_collector)
         self._kv_collector = _KvStreamCollector({})
         r.register(self._kv_collector)
+
+    def watch_pairs(self, pairs) -> None:
+        self._pair_collector.pairs = pairs
 
     def watch_kv_streams(self, streams: dict) -> None:
         """Export the KV-event streams' state (worker id → kvstream.KvStream) at scrape
@@ -129,3 +139,18 @@ class _KvStreamCollector:
         yield stalled
         yield complete
         yield from counters.values()
+
+
+class _PairCollector:
+    def __init__(self, pairs):
+        self.pairs = pairs
+
+    def collect(self):
+        family = GaugeMetricFamily(
+            "pdplane_gateway_pd_pair_state", "1 for the state each prefill→decode pair that "
+            "has failed is in (healthy, unhealthy, probing)", labels=["prefill", "decode",
+                                                                       "state"])
+        if self.pairs is not None:
+            for (prefill, decode), pair in list(self.pairs.pairs.items()):
+                family.add_metric([prefill, decode, pair.state], 1.0)
+        yield family

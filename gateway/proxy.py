@@ -1,4 +1,4 @@
-"""Upstream calls: open a request to a worker, and the P/D request rewriting.
+"""Upstream calls: open a request to a worker.
 
 The rule that makes retries safe: nothing is sent to the client until the upstream has
 produced its first body chunk. :func:`open_upstream` returns only once that chunk is in
@@ -8,20 +8,13 @@ with 5xx or dies before its first byte can be replaced by another, invisibly.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
 
-REMOTE_DECODE_PARAMS = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
-}
+# The P/D request rewriting lives with its engine adapter; re-exported for old callers.
+from .engines.vllm_nixl import REMOTE_DECODE_PARAMS, decode_body, prefill_body  # noqa: F401
+
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "server",
                "date", "content-encoding"}
 
@@ -36,25 +29,15 @@ class UpstreamFailure(Exception):
         self.status = status
 
 
-def prefill_body(body: dict[str, Any], *, chat: bool) -> dict[str, Any]:
-    """The prefill copy: one token, not streamed, asking the engine to keep the KV."""
-    out = copy.copy(body)
-    out["max_tokens"] = 1
-    if chat or "max_completion_tokens" in out:
-        out["max_completion_tokens"] = 1
-    for key in ("stream", "stream_options", "min_tokens"):
-        out.pop(key, None)
-    out["kv_transfer_params"] = dict(REMOTE_DECODE_PARAMS)
-    return out
+class PairFailure(UpstreamFailure):
+    """A prefill→decode pair failed before the first byte: the prefill worker erred or
+    timed out (``prefill_failed``), or the decode worker refused the transfer parameters
+    (``transfer_refused``). Retryable on another pair."""
 
-
-def decode_body(body: dict[str, Any], kv_transfer_params: dict[str, Any] | None) -> dict:
-    out = copy.copy(body)
-    if kv_transfer_params:
-        out["kv_transfer_params"] = kv_transfer_params
-    else:
-        out.pop("kv_transfer_params", None)
-    return out
+    def __init__(self, prefill: str, decode: str, kind: str, reason: str,
+                 status: int | None = None):
+        super().__init__(prefill if kind == "prefill_failed" else decode, reason, status)
+        self.prefill, self.decode, self.kind = prefill, decode, kind
 
 
 @dataclass
