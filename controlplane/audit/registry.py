@@ -24,14 +24,14 @@ NOT_AUDITED = {
     "admin.logentry",
     "contenttypes.contenttype",
     "auth.permission",
-    # delivery outboxes and attempt logs: they have their own history pages
+    # the outbox and its attempt log: they have their own history pages
+    "outbox.message",
+    "outbox.attempt",
     "routing.gatewaydelivery",
-    "routing.deliveryattempt",
     "alerts.alert",
     "alerts.alertgroup",
     "alerts.evaluatormemory",
     "alerts.delivery",
-    "alerts.deliveryattempt",
     "planner.modelplannerstate",  # rewritten by every planning cycle
 }
 

@@ -2,15 +2,8 @@ from django.apps import AppConfig
 
 
 class OutboxConfig(AppConfig):
+    # Messages and attempts are never audited (audit.registry.NOT_AUDITED): they are a
+    # log of their own, rewritten on every claim and attempt.
     name = "controlplane.outbox"
     label = "outbox"
     verbose_name = "Outbox"
-
-    def ready(self):
-        try:
-            from controlplane.audit import registry
-        except ImportError:
-            return
-        # Rewritten on every claim and attempt: a log of their own, not configuration.
-        for name in ("Message", "Attempt"):
-            registry.register(f"outbox.{name}", exclude=True)
