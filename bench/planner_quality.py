@@ -20,6 +20,12 @@ it (``duration - warmup``): every layout is offered the same requests over the s
 window, so the comparison is between counts of requests served within targets. (The
 ``*_drain`` figures divide by the time from the warm-up to the last finish instead.)
 
+Routing: every run routes with the product's router — ``VirtualFleet``'s default,
+``workers_agent.sim.gateway_routing.GatewayRouter`` (``gateway.router.plan_request`` over
+the table the control plane builds from the fleet, rebuilt as the planner changes roles,
+with the gateway's load accounting and approximate prefix index) — so a change to
+``gateway/router.py`` shows here.
+
 Model: Llama 3.3 70B FP8. RTX PRO 6000 workers are TP2 (a TP1 card decodes a 70B FP8 step in
 ~52 ms, so no layout could meet a 50 ms ITL target); H200 NVL workers are TP1.
 """

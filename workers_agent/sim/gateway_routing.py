@@ -40,7 +40,8 @@ class GatewayRouter:
     """``router(request, fleet) -> Route`` with the gateway's router and bookkeeping."""
 
     def __init__(self, policy: dict[str, Any] | None = None, *, precise: bool = False,
-                 approx_ttl_s: float = 120.0, seed: int = 0) -> None:
+                 approx_ttl_s: float = 120.0, seed: int = 0,
+                 kv_tokens: int | None = None) -> None:
         self.policy = {**default_policy(), **(policy or {})}
         self.approx = ApproxPrefixIndex(ttl_s=approx_ttl_s)
         self.precise = PreciseIndex() if precise else None
@@ -54,6 +55,9 @@ class GatewayRouter:
         self._engine_of: dict[str, str] = {}  # table worker id -> engine id
         self._worker_of: dict[str, str] = {}  # engine id -> table worker id
         self._reservations: dict[str, LoadReservation] = {}
+        # Per-worker KV capacity the table states, when not the builder's estimate from GPU
+        # memory (an engine started with a fixed --num-gpu-blocks).
+        self.kv_tokens = kv_tokens
 
     # -- the routing table -------------------------------------------------------------------
 
@@ -62,6 +66,9 @@ class GatewayRouter:
         if key != self._table_key:
             self.table = build_table(fleet_snapshot(fleet, self.policy))
             self.table["version"] = fleet.roles_version + 1
+            if self.kv_tokens is not None:
+                for entry in self.table["models"][0]["workers"]:
+                    entry["capacity"]["kv_tokens"] = int(self.kv_tokens)
             self.model = next(iter(parse(self.table).models.values()))
             self._table_key = key
             self._engine_of = {w.id: w.id.split("/", 1)[1] for w in self.model.workers}
