@@ -8,7 +8,8 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 $(STAMP): pyproject.toml
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
-	$(VENV)/bin/python -m pip install -q -e '.[dev,agent]'
+	@# setuptools' notice about editable installs says nothing to act on: keep installs quiet.
+	PYTHONWARNINGS="ignore:Editable installation" $(VENV)/bin/python -m pip install -q -e '.[dev,agent]'
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
