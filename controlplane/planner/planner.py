@@ -82,6 +82,7 @@ class LoadInput:
     measured_ttft_p95_ms: float | None = None
     measured_itl_p95_ms: float | None = None
     osl_p95: float | None = None
+    isl_p50: float | None = None  # with isl_p95: the prompt-length spread (lognormal fit)
 
 
 @dataclass(frozen=True)

@@ -13,13 +13,8 @@ from typing import TYPE_CHECKING
 
 from controlplane.policies.effective import EffectivePolicy
 
-from .costmodel import (
-    Prediction,
-    Workload,
-    combine_pools,
-    predict_aggregated,
-    predict_split,
-)
+from .costmodel import Prediction, Workload
+from .layouts import combine_pools, predict_aggregated, predict_split
 from .placement import Topology, WorkerInput
 from .record import (
     CandidateVerdict,
@@ -45,6 +40,7 @@ def workload_for(load: LoadInput, policy: EffectivePolicy, rate: float) -> Workl
         osl_mean=max(load.osl_mean, 0.0),
         prefix_hit=min(max(load.prefix_hit, 0.0), 1.0),
         isl_p95=load.isl_p95,
+        isl_p50=load.isl_p50,
         ttft_slo_s=policy.ttft_p95_ms / 1000.0,
         itl_slo_s=policy.itl_p95_ms / 1000.0,
     )

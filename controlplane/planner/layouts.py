@@ -1,0 +1,491 @@
+"""Layout predictions on distributions: aggregated, P:D split, and pools side by side.
+
+Pure arithmetic over :mod:`.costmodel` (hardware, links, the per-step cost of a worker). What
+this module adds is that it works on the *distribution* of the load, not its mean:
+
+* **Prompt lengths** are a :class:`LengthDist` — a lognormal fitted to the mean and p95
+  (and p50 when known), or a point mass when only the mean is known — evaluated at eight
+  equal-probability quantiles. Each quantile prompt gets its own prefill service time, KV
+  bytes and transfer time; the queue sees their mean and spread (M/G/c with the service
+  time's own squared coefficient of variation); TTFT p95 is solved from the mixture
+  P(wait + service ≤ x) = 0.95, so the long-prompt tail sets it, not the mean.
+* **Decode** step time is affine in the batch's total context; the batch is a Poisson
+  count of sequences whose contexts follow the prompt distribution plus part of the answer.
+  The ITL p95 is the 95th percentile of the step time under those fluctuations
+  (aggregated: of the mixture of pure decode steps and steps carrying a prefill chunk of
+  each quantile's size). A request's mean ITL is taken to move with the batch (a batch
+  changes on the timescale of a request's life), so the share within the ITL target uses
+  the same spread.
+* **KV occupancy**: the decode pool's held tokens have mean B × E[context] and variance
+  B × E[context²] (compound Poisson); the chance that they exceed the pool's capacity is
+  the **preemption risk** (reported; requests at risk count as missing the targets).
+* **KV transfer** per request over the path it takes: the path shares from placement, the
+  quantile prompt's bytes, NIC queueing on cross-node paths.
+
+Independent of the simulator (no import either way): the simulator is the check
+(``bench/prediction_accuracy.py``), not the source of these formulas.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+from .costmodel import (
+    DEFAULT_PARAMS,
+    GB,
+    CostParams,
+    ModelSpec,
+    PathMix,
+    Prediction,
+    Timing,
+    WorkerShape,
+    Workload,
+    effective_gbs,
+    kv_capacity_tokens,
+    layout_name,
+    mgc_wait,
+    transfer_time_s,
+)
+
+Z95 = 1.6448536269514722
+POINTS = 8
+
+
+def _clamp(x: float, lo: float, hi: float) -> float:
+    return lo if x < lo else hi if x > hi else x
+
+
+def _normal_tail(z: float) -> float:
+    return 0.5 * math.erfc(z / math.sqrt(2.0))
+
+
+def _inv_normal(p: float) -> float:
+    """Standard normal quantile (Acklam's rational approximation, |error| < 1.2e-9)."""
+    a = (-39.69683028665376, 220.9460984245205, -275.9285104469687, 138.3577518672690,
+         -30.66479806614716, 2.506628277459239)
+    b = (-54.47609879822406, 161.5858368580409, -155.6989798598866, 66.80131188771972,
+         -13.28068155288572)
+    c = (-0.007784894002430293, -0.3223964580411365, -2.400758277161838, -2.549732539343734,
+         4.374664141464968, 2.938163982698783)
+    d = (0.007784695709041462, 0.3224671290700398, 2.445134137142996, 3.754408661907416)
+    p = _clamp(p, 1e-12, 1 - 1e-12)
+    if p < 0.02425:
+        q = math.sqrt(-2 * math.log(p))
+        return (((((c[0] * q + c[1]) * q + c[2]) * q + c[3]) * q + c[4]) * q + c[5]) / (
+            (((d[0] * q + d[1]) * q + d[2]) * q + d[3]) * q + 1)
+    if p > 1 - 0.02425:
+        return -_inv_normal(1 - p)
+    q = p - 0.5
+    r = q * q
+    return (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q / (
+        ((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1)
+
+
+_MID = tuple(_inv_normal((i + 0.5) / POINTS) for i in range(POINTS))
+
+
+@lru_cache(maxsize=4096)
+def length_points(mean: float, p95: float | None, p50: float | None = None) -> tuple[float, ...]:
+    """Eight equal-probability lengths of a lognormal with this mean and p95 (and p50),
+    rescaled so their average is the mean; a point mass when the spread is unknown."""
+    mean = max(mean, 0.0)
+    if mean <= 0 or not p95 or p95 <= mean * 1.0001:
+        return (mean,) * POINTS
+    if p50 and 0 < p50 < p95:
+        sigma = math.log(p95 / p50) / Z95
+    else:
+        # p95 / mean = exp(Z σ − σ²/2): increasing in σ up to σ = Z; solve by bisection.
+        target = math.log(p95 / mean)
+        lo, hi = 0.0, Z95
+        if target >= Z95 * Z95 / 2:
+            lo = hi
+        for _ in range(40):
+            if lo >= hi:
+                break
+            mid = (lo + hi) / 2
+            if Z95 * mid - mid * mid / 2 < target:
+                lo = mid
+            else:
+                hi = mid
+        sigma = lo
+    pts = [math.exp(sigma * z) for z in _MID]
+    scale = mean / (sum(pts) / POINTS)
+    return tuple(x * scale for x in pts)
+
+
+def _weighted_quantile(pairs: list[tuple[float, float]], q: float) -> float:
+    pairs = sorted(pairs)
+    total = sum(w for _v, w in pairs)
+    if total <= 0:
+        return pairs[-1][0] if pairs else 0.0
+    acc = 0.0
+    for v, w in pairs:
+        acc += w
+        if acc >= q * total - 1e-12:
+            return v
+    return pairs[-1][0]
+
+
+def _wait_cdf_inv(p_wait: float, mean_w: float):
+    """P(W > t) = p_wait × exp(−t p_wait / mean_w): the queue model's waiting tail."""
+    def over(t: float) -> float:
+        if t < 0:
+            return 1.0
+        if p_wait <= 0 or mean_w <= 0:
+            return 0.0
+        if t == 0:
+            return p_wait
+        return p_wait * math.exp(-t * p_wait / mean_w)
+    return over
+
+
+def _mixture_p95(fixed: list[float], wait_over) -> float:
+    """x with mean_i P(W + fixed_i > x) = 0.05 (bisection)."""
+    lo, hi = min(fixed), max(fixed)
+    while sum(wait_over(hi - f) for f in fixed) / len(fixed) > 0.05:
+        hi = hi * 2 + 1e-3
+        if hi > 1e7:
+            return math.inf
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        if sum(wait_over(mid - f) for f in fixed) / len(fixed) > 0.05:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def _preempt_risk(batch: float, ctx_pts: tuple[float, ...], cap_tokens: float,
+                  extra_tokens: float = 0.0) -> float:
+    """P(the batch's KV exceeds the capacity): compound Poisson, normal approximation."""
+    if batch <= 0 or cap_tokens <= 0:
+        return 0.0
+    m1 = sum(ctx_pts) / len(ctx_pts)
+    m2 = sum(c * c for c in ctx_pts) / len(ctx_pts)
+    need = batch * m1 + extra_tokens
+    sd = math.sqrt(batch * m2)
+    return _normal_tail((cap_tokens - need) / sd) if sd > 0 else float(need > cap_tokens)
+
+
+def _capacity(rate: float, util: float) -> float:
+    if util <= 0 or math.isinf(util) or math.isnan(util):
+        return 0.0 if util and util > 0 else math.inf
+    return rate / util
+
+
+def _overloaded(layout: str, np_: int, nd: int, w: Workload, util: float, where: str,
+                gpus: int, **extra) -> Prediction:
+    # Overloaded: queues grow without bound, so in the long run nearly nothing meets the
+    # targets. Goodput 0; layouts still rank among themselves by capacity_rps.
+    base = {
+        "layout": layout, "n_prefill": np_, "n_decode": nd, "rate_rps": w.rate_rps,
+        "ttft_p95_s": math.inf, "itl_p95_s": extra.pop("itl_p95_s", math.inf),
+        "itl_mean_s": extra.pop("itl_mean_s", math.inf), "prefill_s": extra.pop("prefill_s", 0.0),
+        "queue_p95_s": math.inf, "transfer_s": extra.pop("transfer_s", 0.0),
+        "transfer_mean_s": extra.pop("transfer_mean_s", 0.0),
+        "decode_batch": extra.pop("decode_batch", 0.0),
+        "kv_capacity_seqs": extra.pop("kv_capacity_seqs", 0),
+        "kv_used": extra.pop("kv_used", 1.0), "utilisation": util, "bottleneck": where,
+        "attainment": 0.0, "goodput_rps": 0.0, "gpus": gpus,
+        "capacity_rps": _capacity(w.rate_rps, util), "overloaded": True,
+    }
+    base.update(extra)
+    return Prediction(**base)
+
+
+def _points(w: Workload) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(prompt lengths, decode contexts) at the eight quantiles."""
+    isl = length_points(w.isl_mean, w.isl_p95, w.isl_p50)
+    osl = max(w.osl_mean, 0.0)
+    return isl, tuple(x + osl / 2.0 for x in isl)
+
+
+def predict_aggregated(
+    model: ModelSpec, shape: WorkerShape, workers: int, w: Workload,
+    params: CostParams = DEFAULT_PARAMS,
+) -> Prediction:
+    """Every worker prefills (in chunks mixed into decode steps) and decodes."""
+    gpus = workers * shape.tp
+    cap_tokens = kv_capacity_tokens(model, shape.gpu, shape.tp, params)
+    cap_seqs = int(workers * (cap_tokens // max(w.context_full, 1.0)))
+    name = "aggregated"
+    if cap_tokens <= 0 or workers <= 0:
+        return _overloaded(name, 0, workers, w, math.inf, "weights do not fit", gpus, fits=False)
+    r = w.rate_rps / workers
+    hit = _clamp(w.prefix_hit, 0.0, 1.0)
+    isl_pts, ctx_pts = _points(w)
+    timing = Timing.of(model, shape.gpu, shape.tp)
+    ctx = w.context_mean
+    chunk = float(params.chunk_tokens)
+    batch = 0.0
+    t_d = timing.step(0, ctx)
+    rho_p = f = 0.0
+    itl_mean = t_d
+    services: list[float] = []
+    steps: list[list[float]] = []
+    for _ in range(12):
+        t_d = timing.step(batch, ctx)
+        services, steps = [], []
+        for length in isl_pts:
+            mine = _chunk_steps(timing, batch, ctx, length * (1 - hit), length * hit, chunk)
+            steps.append(mine)
+            services.append(sum(mine))
+        mean_s = sum(services) / POINTS
+        mean_n = sum(len(s) for s in steps) / POINTS
+        rho_p = r * mean_s
+        if rho_p >= 1:
+            break
+        mixed = r * mean_n  # mixed steps per second
+        pure = (1.0 - rho_p) / t_d
+        f = mixed / (mixed + pure) if mixed + pure > 0 else 0.0
+        mixed_mean = mean_s / mean_n if mean_n else t_d
+        itl_mean = (1 - f) * t_d + f * mixed_mean
+        batch = r * w.osl_mean * itl_mean
+    mean_s = sum(services) / POINTS if services else 0.0
+    mean_u = w.uncached_mean
+    kv_need = batch * w.context_mean + rho_p * w.isl_mean
+    kv_used = kv_need / cap_tokens
+    util = max(rho_p, kv_used)
+    extra = {"kv_capacity_seqs": cap_seqs, "decode_batch": batch, "mixed_step_share": f,
+             "itl_mean_s": itl_mean * params.itl_factor}
+    if rho_p >= 1 or kv_used >= 1:
+        where = "prefill (chunks mixed into decode steps)" if rho_p >= kv_used else "KV cache"
+        return _overloaded(name, 0, workers, w, max(util, 1.0), where, gpus, **extra)
+    k = params.ttft_factor
+    var_s = sum((s - mean_s) ** 2 for s in services) / POINTS
+    wait = mgc_wait(w.rate_rps, mean_s, workers, var_s / mean_s ** 2 if mean_s > 0 else 0.0)
+    over = _wait_cdf_inv(wait.p_wait, wait.mean_s)
+    fixed = services if mean_u > 0 else [t_d]
+    # Eight points resolve a queue's tail, not the p95 of the service itself: that is the
+    # p95 prompt's own prefill (what sets TTFT p95 when nobody waits).
+    p95_len = _p95_length(w, isl_pts)
+    s95 = _chunked_service(timing, batch, ctx, p95_len * (1 - hit), p95_len * hit, chunk)
+    ttft_p95 = max(_mixture_p95(fixed, over), s95 if mean_u > 0 else 0.0) * k
+    slo_left = w.ttft_slo_s / k
+    p_ttft = sum(1.0 - over(slo_left - s) if s < slo_left else 0.0 for s in fixed) / POINTS
+    # Token gaps: pure decode steps, and steps carrying a chunk of each quantile's prompt.
+    n_all = sum(len(s) for s in steps) or 1
+    gaps = [(t_d, 1.0 - f)] + [(x, f / n_all) for mine in steps for x in mine]
+    jitter = _step_sd(timing, batch, ctx_pts)
+    itl_p95 = (_weighted_quantile(gaps, 0.95) + Z95 * jitter) * params.itl_factor
+    chunk_s = (mean_s / (n_all / POINTS) - t_d) if steps else 0.0
+    # A request misses ITL when its answer sees too many mixed steps: K ~ Poisson(osl × f),
+    # on top of the batch's own spread.
+    t_d_k, t_c_k = t_d * params.itl_factor, max(chunk_s, 0.0) * params.itl_factor
+    sd_k = jitter * params.itl_factor
+    n_out = max(w.osl_mean, 1.0)
+    if f <= 0 or t_c_k <= 0:
+        p_itl = 1.0 - _normal_tail((w.itl_slo_s - t_d_k) / max(sd_k, 1e-9))
+    else:
+        m = n_out * f
+        mean_req = t_d_k + m * t_c_k / n_out
+        sd_req = math.sqrt(sd_k ** 2 + m * (t_c_k / n_out) ** 2)
+        p_itl = 1.0 - _normal_tail((w.itl_slo_s - mean_req) / max(sd_req, 1e-9))
+    risk = _preempt_risk(batch, ctx_pts, cap_tokens, rho_p * w.isl_mean)
+    attainment = _clamp(p_ttft * p_itl * (1.0 - risk), 0.0, 1.0)
+    tail_service = max(fixed)
+    return Prediction(
+        layout=name, n_prefill=0, n_decode=workers, rate_rps=w.rate_rps,
+        ttft_p95_s=ttft_p95, itl_p95_s=itl_p95, itl_mean_s=itl_mean * params.itl_factor,
+        prefill_s=tail_service * k, queue_p95_s=wait.p95_s * k, transfer_s=0.0,
+        transfer_mean_s=0.0, decode_batch=batch, kv_capacity_seqs=cap_seqs, kv_used=kv_used,
+        utilisation=util, bottleneck="prefill" if rho_p >= kv_used else "KV cache",
+        attainment=attainment, goodput_rps=w.rate_rps * attainment, gpus=gpus,
+        mixed_step_share=f, chunk_s=max(chunk_s, 0.0), capacity_rps=_capacity(w.rate_rps, util),
+        preempt_risk=risk,
+    )
+
+
+def _chunk_steps(timing: Timing, batch: float, ctx: float, u: float, cached: float,
+                 chunk: float) -> list[float]:
+    """The decode steps a prompt's uncached tokens ride on, one chunk each."""
+    mine, done = [], 0.0
+    while u - done > 1e-9:
+        c = min(chunk, u - done)
+        mine.append(timing.step(batch, ctx, c, cached + done))
+        done += c
+    return mine
+
+
+def _chunked_service(timing, batch, ctx, u, cached, chunk) -> float:
+    return sum(_chunk_steps(timing, batch, ctx, u, cached, chunk))
+
+
+def _p95_length(w: Workload, pts: tuple[float, ...]) -> float:
+    """The p95 prompt length: as given, else the mean (a point mass)."""
+    return max(w.isl_p95 or 0.0, w.isl_mean, 0.0) if w.isl_p95 else max(pts)
+
+
+def _step_sd(timing: Timing, batch: float, ctx_pts: tuple[float, ...]) -> float:
+    """Spread of a decode step's time from the batch's Poisson count and context mix: each
+    sequence adds (context × KV bytes ÷ bandwidth + per-sequence cost)."""
+    if batch <= 0:
+        return 0.0
+    per = [c * timing.kv_bytes_per_token / timing.mem_bw + timing.per_seq_s for c in ctx_pts]
+    m2 = sum(x * x for x in per) / len(per)
+    return math.sqrt(batch * m2)
+
+
+def predict_split(
+    model: ModelSpec, shape: WorkerShape, n_prefill: int, n_decode: int, w: Workload,
+    paths: PathMix, params: CostParams = DEFAULT_PARAMS,
+) -> Prediction:
+    """``n_prefill`` workers prefill whole prompts, ship the KV, ``n_decode`` workers decode."""
+    name = layout_name(n_prefill, n_decode)
+    gpus = (n_prefill + n_decode) * shape.tp
+    cap_tokens = kv_capacity_tokens(model, shape.gpu, shape.tp, params)
+    cap_seqs = int(n_decode * (cap_tokens // max(w.context_full, 1.0)))
+    if cap_tokens <= 0:
+        return _overloaded(name, n_prefill, n_decode, w, math.inf, "weights do not fit", gpus,
+                           fits=False)
+    if n_prefill <= 0 or n_decode <= 0:
+        return _overloaded(name, n_prefill, n_decode, w, math.inf, "empty pool", gpus,
+                           kv_capacity_seqs=cap_seqs)
+    hit = _clamp(w.prefix_hit, 0.0, 1.0)
+    isl_pts, ctx_pts = _points(w)
+    timing = Timing.of(model, shape.gpu, shape.tp)
+    services = [timing.prefill(x * (1 - hit), x * hit, params.chunk_tokens) for x in isl_pts]
+    mean_s = sum(services) / POINTS
+    var_s = sum((s - mean_s) ** 2 for s in services) / POINTS
+    wait = mgc_wait(w.rate_rps, mean_s, n_prefill, var_s / mean_s ** 2 if mean_s > 0 else 0.0)
+    kvb = model.kv_bytes_per_token
+    nbytes_mean = w.isl_mean * kvb
+    # Transfer per quantile prompt: the share-weighted path time, and for the tail the
+    # slowest path carrying ≥ 5 % of transfers; NIC paths queue (M/M/1 inflation).
+    inflate: dict[int, float] = {}
+    link_util = 0.0
+    for i, (share, link) in enumerate(paths.shares()):
+        if share <= 0:
+            continue
+        if link is None or link.gbs <= 0:
+            return _overloaded(name, n_prefill, n_decode, w, math.inf, "no KV path", gpus,
+                               kv_capacity_seqs=cap_seqs)
+        inflate[i] = 1.0
+        if link.kind in ("rdma", "tcp"):
+            per_nic = w.rate_rps * share * nbytes_mean / max(paths.network_nodes, 1)
+            link_util = per_nic / (effective_gbs(link, params) * GB)
+            if link_util >= 1:
+                t_one = transfer_time_s(max(isl_pts) * kvb, link, params)
+                return _overloaded(name, n_prefill, n_decode, w,
+                                   max(link_util, wait.utilisation),
+                                   f"KV transfer over {link.describe()}", gpus,
+                                   network_share=paths.network, network_link=link.describe(),
+                                   transfer_s=t_one, transfer_mean_s=t_one,
+                                   transfer_bytes=nbytes_mean, kv_capacity_seqs=cap_seqs)
+            inflate[i] = 1.0 / (1.0 - link_util)
+    shares = paths.shares()
+    slow = None
+    acc = 0.0
+    for i in sorted(inflate, reverse=True):  # network, then PCIe, then NVLink
+        slow = i
+        acc += shares[i][0]
+        if acc >= 0.05:
+            break
+
+    def xfer(nbytes: float, i: int) -> float:
+        return transfer_time_s(nbytes, shares[i][1], params) * inflate[i]
+
+    t_pts_mean = [sum(shares[i][0] * xfer(x * kvb, i) for i in inflate) for x in isl_pts]
+    t_pts_tail = [xfer(x * kvb, slow) if slow is not None else 0.0 for x in isl_pts]
+    t_mean = sum(t_pts_mean) / POINTS
+    # Decode pool: batch b solves b = r × osl × step(b) (Little's law).
+    r = w.rate_rps / n_decode
+    step = timing.decode_affine(w.context_mean)
+    load = r * w.osl_mean * step.per_seq_s
+    rho_pre = wait.utilisation
+    k = params.ttft_factor
+    common = {
+        "prefill_s": max(services) * k, "transfer_s": max(t_pts_tail), "transfer_mean_s": t_mean,
+        "kv_capacity_seqs": cap_seqs, "network_share": paths.network,
+        "network_link": paths.network_link.describe() if paths.network_link else "",
+        "transfer_bytes": nbytes_mean,
+    }
+    if load >= 1:
+        return _overloaded(name, n_prefill, n_decode, w, max(load, rho_pre, 1.0), "decode",
+                           gpus, **common)
+    batch = r * w.osl_mean * step.fixed_s / (1.0 - load)
+    t_d = step.at(batch)
+    kv_used = batch * w.context_mean / cap_tokens
+    if rho_pre >= 1 or kv_used >= 1:
+        where = "prefill" if rho_pre >= kv_used else "decode KV cache"
+        return _overloaded(name, n_prefill, n_decode, w, max(rho_pre, kv_used), where, gpus,
+                           decode_batch=batch, kv_used=kv_used, itl_p95_s=t_d,
+                           itl_mean_s=t_d, **common)
+    over = _wait_cdf_inv(wait.p_wait, wait.mean_s)
+    # TTFT of quantile i: wait + prefill + transfer (the tail path for the p95) + the
+    # decode worker's first step.
+    fixed_tail = [s + (t / k) + t_d for s, t in zip(services, t_pts_tail, strict=True)]
+    fixed_mean = [s + (t / k) + t_d for s, t in zip(services, t_pts_mean, strict=True)]
+    p95_len = _p95_length(w, isl_pts)
+    s95 = (timing.prefill(p95_len * (1 - hit), p95_len * hit, params.chunk_tokens)
+           + t_d + (xfer(p95_len * kvb, slow) / k if slow is not None else 0.0))
+    ttft_p95 = max(_mixture_p95(fixed_tail, over), s95) * k
+    slo_left = w.ttft_slo_s / k
+    p_ttft = sum(1.0 - over(slo_left - s) if s < slo_left else 0.0 for s in fixed_mean) / POINTS
+    sd = _step_sd(timing, batch, ctx_pts)
+    itl = t_d * params.itl_factor
+    itl_p95 = (t_d + Z95 * sd) * params.itl_factor
+    p_itl = 1.0 - _normal_tail((w.itl_slo_s - itl) / max(sd * params.itl_factor, 1e-9))
+    risk = _preempt_risk(batch, ctx_pts, cap_tokens)
+    attainment = _clamp(p_ttft * p_itl * (1.0 - risk), 0.0, 1.0)
+    util = max(rho_pre, load, kv_used, link_util)
+    bottleneck = max(
+        [("prefill", rho_pre), ("decode", load), ("decode KV cache", kv_used),
+         ("KV transfer", link_util)],
+        key=lambda x: x[1],
+    )[0]
+    return Prediction(
+        layout=name, n_prefill=n_prefill, n_decode=n_decode, rate_rps=w.rate_rps,
+        ttft_p95_s=ttft_p95, itl_p95_s=itl_p95, itl_mean_s=itl, queue_p95_s=wait.p95_s * k,
+        decode_batch=batch, kv_used=kv_used, utilisation=util, bottleneck=bottleneck,
+        attainment=attainment, goodput_rps=w.rate_rps * attainment, gpus=gpus,
+        capacity_rps=_capacity(w.rate_rps, util), preempt_risk=risk, **common,
+    )
+
+
+def combine_pools(
+    layout: str, n_prefill: int, n_decode: int, n_both: int, rate_rps: float,
+    parts: list[tuple[float, Prediction]],
+) -> Prediction:
+    """One prediction for a fleet whose traffic splits over pools that do not share work,
+    e.g. mid-move: 'both' workers serving whole requests in place (an aggregated pool) beside
+    a P:D split. ``parts`` are (share of the traffic, the pool's prediction at that share).
+    Goodput adds up; the tails are the worst tail of any pool carrying ≥ 5 % of requests
+    (a p95 of a mixture is at most the largest p95 of its parts); the fleet saturates when
+    its first pool does."""
+    live = [(s, p) for s, p in parts if s > 0]
+    tails = [p for s, p in live if s >= 0.05] or [p for _s, p in live]
+    goodput = sum(p.goodput_rps for _s, p in live)
+    caps = [p.capacity_rps / s for s, p in live if s > 0]
+    busiest = max(live, key=lambda sp: sp[1].utilisation)[1] if live else None
+
+    def worst(attr: str) -> float:
+        return max((getattr(p, attr) for p in tails), default=0.0)
+
+    def mean(attr: str) -> float:
+        return sum(s * getattr(p, attr) for s, p in live)
+
+    return Prediction(
+        layout=layout, n_prefill=n_prefill, n_decode=n_decode, n_both=n_both,
+        rate_rps=rate_rps,
+        ttft_p95_s=worst("ttft_p95_s"), itl_p95_s=worst("itl_p95_s"),
+        itl_mean_s=mean("itl_mean_s"), prefill_s=worst("prefill_s"),
+        queue_p95_s=worst("queue_p95_s"), transfer_s=worst("transfer_s"),
+        transfer_mean_s=mean("transfer_mean_s"), decode_batch=mean("decode_batch"),
+        kv_capacity_seqs=sum(p.kv_capacity_seqs for _s, p in live),
+        kv_used=max((p.kv_used for _s, p in live), default=0.0),
+        utilisation=busiest.utilisation if busiest else 0.0,
+        bottleneck=busiest.bottleneck if busiest else "",
+        attainment=_clamp(goodput / rate_rps, 0.0, 1.0) if rate_rps > 0 else 0.0,
+        goodput_rps=goodput, gpus=sum(p.gpus for _s, p in parts),
+        mixed_step_share=max((p.mixed_step_share for _s, p in live), default=0.0),
+        chunk_s=max((p.chunk_s for _s, p in live), default=0.0),
+        network_share=max((p.network_share for _s, p in live), default=0.0),
+        network_link=next((p.network_link for _s, p in live if p.network_link), ""),
+        transfer_bytes=max((p.transfer_bytes for _s, p in live), default=0.0),
+        capacity_rps=min(caps) if caps else math.inf,
+        overloaded=any(p.overloaded for _s, p in live),
+        fits=all(p.fits for _s, p in parts),
+        preempt_risk=max((p.preempt_risk for _s, p in live), default=0.0),
+    )
