@@ -21,6 +21,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from controlplane.core.wsprotocol import UVICORN_WS
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 
@@ -137,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         step(f"starting the web server on {web_url}/")
         sup.start("web", [py, "-m", "uvicorn", "controlplane.asgi:application", "--host",
                           args.host, "--port", str(args.port), "--no-access-log",
-                          "--log-level", "warning"])
+                          "--log-level", "warning", "--ws", UVICORN_WS])
         wait_until(lambda: http_ok(f"http://127.0.0.1:{args.port}/healthz"), 90, "web", sup)
         if seeded:
             demo_dir = var_dir / "demo"
