@@ -23,7 +23,7 @@ import msgpack
 import pytest
 import zmq
 
-from controlplane.telemetry import hotstate
+from controlplane.telemetry import enginestats, hotstate
 from controlplane.telemetry.commands import command_status, send_command
 from controlplane.telemetry.tokens import issue_token
 from controlplane.topology.models import GPU, Cluster, Node, ServedModel, Worker
@@ -216,6 +216,17 @@ def test_agent_against_simulated_node(workdir, sim_fleet, settings):
             assert hot["role"] == "both"
             assert hot["prefix_hit_rate"] is not None and hot["prefix_hit_rate"] > 0
             assert hot["ttft_p95_s"] is not None
+            # The engine's cumulative counters and buckets reach hot state (issue 16).
+            wid = workers[eid].pk
+            snap = wait_until(
+                lambda wid=wid: (s := enginestats.read_snapshots([wid])[wid])
+                and s[-1].counters.get("request_success") == 12 and s[-1], 15,
+                what=f"{eid} counters in hot state")
+            assert snap.histograms["ttft_s"].count == 12
+            assert snap.histograms["prompt_tokens"].count == 12
+            assert snap.histograms["generation_tokens"].count == 12
+            assert snap.counters["generation_tokens"] > 0 and snap.counters["prompt_tokens"] > 0
+            assert "counters" not in hot and "histograms" not in hot  # kept out of the state
         e1_kv = hotstate.worker_state(workers["e1"].pk)["kv_events"]
         e1_own = http_json(engines["e1"]["api_url"] + "/sim/v1/engine")
         assert e1_own["kv_events"]["dropped"] > 0

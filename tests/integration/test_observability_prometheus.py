@@ -352,6 +352,14 @@ def test_prometheus_reads_match_engine_histograms_and_fall_back(tmp_path, settin
         model_figures = reader.model_figures(MODEL)
         assert model_figures.request_rate and model_figures.request_rate > 0
         assert model_figures.prompt_tokens_per_s and model_figures.prompt_tokens_per_s > 0
+        # The planner's fleet figures (controlplane.telemetry.enginestats) from Prometheus:
+        # the same counters and buckets, merged the same way.
+        stats = reader.engine_stats(MODEL, 120.0)
+        assert stats is not None and stats.source == "prometheus"
+        assert stats.ttft_p95_s == pytest.approx(model_figures.ttft_p95_s)
+        assert stats.request_rate == pytest.approx(model_figures.request_rate)
+        assert stats.prompt_tokens_p95 and stats.generation_tokens_p95
+        assert stats.prompt_tokens_mean and stats.generation_tokens_mean
 
         # Prometheus scraped the control plane too, and the Grafana dashboard's queries parse.
         assert prom.query("pdplane_agent_reports_ingested_total > 0")

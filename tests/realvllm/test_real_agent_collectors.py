@@ -63,6 +63,21 @@ def test_engine_collector_reads_real_metrics(engine_a):
     assert sample.ttft_p50_s is not None and sample.ttft_p50_s > 0
     assert sample.ttft_p95_s >= sample.ttft_p50_s
     assert sample.itl_p50_s is not None
+    # The cumulative counters and buckets the control plane merges into fleet figures
+    # (issue 16): as vLLM exports them, two more requests than at the first scrape.
+    report, first_report = sample.as_report(), first.as_report()
+    assert report["counters"]["request_success"] == probe.value(
+        theirs, "vllm:request_success_total")
+    assert report["counters"]["request_success"] - first_report["counters"].get(
+        "request_success", 0) == 2
+    for name, family in (("ttft_s", "vllm:time_to_first_token_seconds"),
+                         ("itl_s", "vllm:inter_token_latency_seconds"),
+                         ("prompt_tokens", "vllm:request_prompt_tokens"),
+                         ("generation_tokens", "vllm:request_generation_tokens")):
+        h = report["histograms"][name]
+        assert len(h["counts"]) == len(h["le"]) + 1, name
+        assert h["counts"][-1] == probe.value(theirs, family + "_count"), name
+        assert h["sum"] == pytest.approx(probe.value(theirs, family + "_sum")), name
 
 
 def test_engine_collector_sees_blocks_of_a_running_request(engine_a):
