@@ -54,6 +54,9 @@ MODEL = "llama-3.3-70b-fp8"
 ROUTING_OVERRIDES: dict[str, float] = {}  # --routing kv_overlap_weight=2,load_weight=1
 KV_TOKENS = [0]  # per engine, as the control plane's table would say (from --num-gpu-blocks)
 ALL_ROUTERS = ("pdplane", "pdplane-events", "round-robin", "vllm-router", "sglang-router")
+# Before/after in one interleaved run: PDPLANE_BASELINE_ROOT=<a checkout of an older commit>
+# adds the router "pdplane-baseline", that checkout's gateway (latency phase).
+BASELINE_ROOT = os.environ.get("PDPLANE_BASELINE_ROOT")
 
 
 def fleet_config(engines: int, time_scale: float, num_gpu_blocks: int) -> dict:
@@ -103,7 +106,8 @@ class Router:
                    "cache_aware", "--log-level", "warn", "--worker-urls", *urls]
         else:
             raise ValueError(name)
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        cwd = BASELINE_ROOT if name == "pdplane-baseline" else ROOT
+        self.proc = subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
         wait_for_port(self.port, timeout=30)
         self._wait_routable(urls)
 
@@ -223,15 +227,24 @@ def _quality_once(args, workload, name: str, workdir: Path) -> dict:
 
 # --- added latency ----------------------------------------------------------------------
 
-STUB = r'''
+STUB = r"""
 import json, sys
 MODEL = sys.argv[2]
 from aiohttp import web
 BODY = json.dumps({"id": "cmpl-x", "object": "text_completion", "created": 0, "model": MODEL,
     "choices": [{"index": 0, "text": "ok", "finish_reason": "length"}],
     "usage": {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5}}).encode()
+CHUNK = (b'data: {"id":"cmpl-x","object":"text_completion","model":"m",'
+         b'"choices":[{"index":0,"text":"ok"}]}\n\n')
 async def completions(request):
-    await request.read()
+    body = await request.read()
+    if b'"stream": true' in body or b'"stream":true' in body:
+        r = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await r.prepare(request)
+        await r.write(CHUNK)
+        await r.write(CHUNK + b"data: [DONE]\n\n")
+        await r.write_eof()
+        return r
     return web.Response(body=BODY, content_type="application/json")
 async def models(request):
     return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
@@ -241,35 +254,58 @@ async def tokenize(request):
     return web.json_response({"tokens": [1, 2, 3, 4], "count": 4, "max_model_len": 4096})
 app = web.Application()
 app.router.add_post("/v1/completions", completions)
+app.router.add_post("/v1/chat/completions", completions)
 app.router.add_get("/v1/models", models)
 app.router.add_get("/health", health)
 app.router.add_post("/tokenize", tokenize)
 web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None)
-'''
+"""
+MODES = ("nonstream", "stream")
+CONCURRENCY = (1, 8, 64)
 
 
-async def _latencies(url: str, n: int, concurrency: int) -> list[float]:
+async def _latencies(url: str, n: int, concurrency: int, mode: str) -> list[float]:
+    """Per request: the whole answer (non-streaming), or the first body byte (streaming
+    TTFB; the rest is read too, untimed)."""
     import aiohttp
 
-    body = json.dumps({"model": MODEL, "prompt": "hello world how are you", "max_tokens": 1})
+    body = json.dumps({"model": MODEL, "prompt": "hello world how are you, " * 8,
+                       "max_tokens": 1, "stream": mode == "stream"})
+    headers = {"Content-Type": "application/json"}
     out: list[float] = []
-    queue = list(range(n))
-    async with aiohttp.ClientSession() as session:
-        async def worker():
-            while queue:
-                queue.pop()
-                t0 = time.perf_counter()
-                async with session.post(url + "/v1/completions", data=body,
-                                        headers={"Content-Type": "application/json"}) as r:
+    left = [n]
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async def one() -> float:
+            t0 = time.perf_counter()
+            async with session.post(url + "/v1/completions", data=body, headers=headers) as r:
+                if mode == "stream":
+                    await r.content.readany()
+                    elapsed = time.perf_counter() - t0
                     await r.read()
-                    assert r.status == 200, r.status
-                out.append(time.perf_counter() - t0)
-        for _ in range(20):  # warm connections
-            async with session.post(url + "/v1/completions", data=body,
-                                    headers={"Content-Type": "application/json"}) as r:
-                await r.read()
+                else:
+                    await r.read()
+                    elapsed = time.perf_counter() - t0
+                assert r.status == 200, r.status
+            return elapsed
+
+        async def worker():
+            while left[0] > 0:
+                left[0] -= 1
+                out.append(await one())
+
+        await asyncio.gather(*(one() for _ in range(max(20, concurrency))))  # warm up
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     return out
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process and its threads so far (Linux /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def pct(values: list[float], q: float) -> float:
@@ -278,37 +314,75 @@ def pct(values: list[float], q: float) -> float:
 
 
 def run_latency(args, names: list[str], workdir: Path) -> dict:
+    """Added latency over a stub backend, interleaved: all routers run at once, and every
+    round measures direct and each router at each concurrency and mode in turn, so a busy
+    moment on a shared box hits them alike. Added = router percentile − direct percentile
+    of the same round; reported: the median over rounds."""
     port = free_port()
     stub_path = workdir / "stub.py"
     stub_path.write_text(STUB)
     stub = subprocess.Popen([sys.executable, str(stub_path), str(port), MODEL], cwd=ROOT)
-    results: dict = {}
+    routers: dict[str, Router] = {}
+    samples: dict[tuple[str, str, int], list[tuple[float, float]]] = {}
     try:
         wait_for_port(port)
         direct_url = f"http://127.0.0.1:{port}"
-        for concurrency in (1, 8):
-            direct = asyncio.run(_latencies(direct_url, args.latency_requests, concurrency))
-            d50, d99 = pct(direct, 0.5), pct(direct, 0.99)
-            results[f"direct_c{concurrency}"] = {"p50_ms": d50 * 1e3, "p99_ms": d99 * 1e3}
-            for name in names:
-                if name == "pdplane-events":
-                    continue
-                router = Router(name, {"engines": []}, workdir, urls=[direct_url])
-                try:
-                    lat = asyncio.run(_latencies(router.url, args.latency_requests, concurrency))
-                finally:
-                    router.stop()
-                results[f"{name}_c{concurrency}"] = {
-                    "p50_ms": pct(lat, 0.5) * 1e3, "p99_ms": pct(lat, 0.99) * 1e3,
-                    "added_p50_ms": (pct(lat, 0.5) - d50) * 1e3,
-                    "added_p99_ms": (pct(lat, 0.99) - d99) * 1e3,
-                }
-                print(f"latency {name} c{concurrency}: {results[f'{name}_c{concurrency}']}",
-                      flush=True)
+        for name in names:
+            if name != "pdplane-events":
+                routers[name] = Router(name, {"engines": []}, workdir, urls=[direct_url])
+        levels = args.concurrency
+        for rnd in range(args.latency_rounds):
+            for mode in MODES:
+                for c in levels:
+                    n = args.latency_requests
+                    direct = asyncio.run(_latencies(direct_url, n, c, mode))
+                    d50, d99 = pct(direct, 0.5), pct(direct, 0.99)
+                    samples.setdefault(("direct", mode, c), []).append((d50, d99, 0.0))
+                    for name, router in routers.items():
+                        cpu0 = cpu_seconds(router.proc.pid)
+                        lat = asyncio.run(_latencies(router.url, n, c, mode))
+                        cpu = (cpu_seconds(router.proc.pid) - cpu0) / (n + max(20, c))
+                        p50, p99 = pct(lat, 0.5), pct(lat, 0.99)
+                        samples.setdefault((name, mode, c), []).append((p50, p99, cpu))
+                        print(f"round {rnd + 1} {mode} c={c} {name}: +{(p50 - d50) * 1e3:.3f} "
+                              f"/ +{(p99 - d99) * 1e3:.3f} ms", flush=True)
     finally:
+        for router in routers.values():
+            router.stop()
         stub.terminate()
         stub.wait(timeout=10)
-    return results
+    rows = []
+    for (name, mode, c), values in samples.items():
+        direct = samples[("direct", mode, c)]
+        row = {"router": name, "mode": mode, "concurrency": c, "rounds": len(values),
+               "p50_ms": _median([v[0] for v in values]) * 1e3,
+               "p99_ms": _median([v[1] for v in values]) * 1e3}
+        if name != "direct":
+            # CPU the router spent per request: unlike latency, barely moved by a busy box.
+            row["cpu_ms_per_request"] = _median([v[2] for v in values]) * 1e3
+            row["added_p50_ms"] = _median([v[0] - d[0] for v, d in zip(values, direct,
+                                                                         strict=True)]) * 1e3
+            row["added_p99_ms"] = _median([v[1] - d[1] for v, d in zip(values, direct,
+                                                                         strict=True)]) * 1e3
+        rows.append(row)
+    return {"rows": rows, "by_key": {f"{r['router']}_{r['mode']}_c{r['concurrency']}": r
+                                     for r in rows}}
+
+
+def _median(values: list[float]) -> float:
+    values = sorted(values)
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def print_latency_table(latency: dict) -> None:
+    rows = [r for r in latency["rows"] if r["router"] != "direct"]
+    print(f"{'router':16} {'mode':10} {'c':>3} {'added p50 ms':>13} {'added p99 ms':>13} "
+          f"{'CPU ms/req':>11}")
+    for r in sorted(rows, key=lambda r: (r["mode"], r["concurrency"], r["router"])):
+        print(f"{r['router']:16} {r['mode']:10} {r['concurrency']:>3} "
+              f"{r['added_p50_ms']:>13.3f} {r['added_p99_ms']:>13.3f} "
+              f"{r['cpu_ms_per_request']:>11.3f}")
 
 
 def main() -> int:
@@ -325,7 +399,13 @@ def main() -> int:
     p.add_argument("--routers", default=",".join(ALL_ROUTERS))
     p.add_argument("--slo-ttft-ms", type=float, default=2000)
     p.add_argument("--slo-itl-ms", type=float, default=100)
-    p.add_argument("--latency-requests", type=int, default=1000)
+    p.add_argument("--latency-requests", type=int, default=1000,
+                   help="requests per router, concurrency, mode and round")
+    p.add_argument("--latency-rounds", type=int, default=3)
+    p.add_argument("--concurrency", type=lambda v: [int(x) for x in v.split(",")],
+                   default=list(CONCURRENCY), help="comma-separated levels (1,8,64)")
+    p.add_argument("--quick", action="store_true",
+                   help="latency only, 300 requests, 2 rounds (a smoke run)")
     p.add_argument("--repeat", type=int, default=1,
                    help="routing-quality rounds (every router once per round)")
     p.add_argument("--skip-quality", action="store_true")
@@ -336,6 +416,8 @@ def main() -> int:
                    help="table routing weights for pdplane, e.g. kv_overlap_weight=2")
     p.add_argument("--json", dest="json_out")
     args = p.parse_args()
+    if args.quick:
+        args.skip_quality, args.latency_requests, args.latency_rounds = True, 300, 2
     if not Path(args.trace).exists():
         print(f"trace not found: {args.trace}", file=sys.stderr)
         return 2
@@ -344,6 +426,8 @@ def main() -> int:
         ROUTING_OVERRIDES[key] = float(value)
     KV_TOKENS[0] = 0 if args.no_capacity else max(args.num_gpu_blocks, 0) * 16
     names, skipped = available(args.routers.split(","))
+    if BASELINE_ROOT and "pdplane-baseline" not in names:
+        names.append("pdplane-baseline")
     for name, why in skipped.items():
         print(f"skipping {name}: {why}", flush=True)
     out = {"args": vars(args), "skipped": skipped}
@@ -356,7 +440,12 @@ def main() -> int:
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps(out, indent=2))
-    print(json.dumps(out, indent=2))
+    if args.json_out:
+        print(f"written to {args.json_out}")
+    else:
+        print(json.dumps(out, indent=2))
+    if "latency" in out:
+        print_latency_table(out["latency"])
     return 0
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import random
 import time
@@ -91,7 +92,7 @@ class Reservation:
         load = self.gw.loads[worker_id]
         load.decode_blocks += blocks
         load.in_flight += 1
-        self.gw.metrics.in_flight.labels(worker_id).set(load.in_flight)
+        self.gw.metrics.child(self.gw.metrics.in_flight, worker_id).set(load.in_flight)
         self.decode.append((worker_id, blocks))
 
     def prefill_done(self) -> None:
@@ -106,7 +107,7 @@ class Reservation:
             load = self.gw.loads[worker_id]
             load.decode_blocks = max(load.decode_blocks - blocks, 0.0)
             load.in_flight = max(load.in_flight - 1, 0)
-            self.gw.metrics.in_flight.labels(worker_id).set(load.in_flight)
+            self.gw.metrics.child(self.gw.metrics.in_flight, worker_id).set(load.in_flight)
         self.decode.clear()
 
 
@@ -122,6 +123,8 @@ class Gateway:
         self.estimators: dict[str, TokenEstimator] = {}
         self._sized_at: dict[str, float] = {}
         self.rng = random.Random(config.seed)
+        self._id_prefix = f"gw-{uuid.uuid4().hex[:12]}-"
+        self._id_counter = itertools.count(1)
         self.pairs = PairHealth(cooldown_s=config.pd_pair_cooldown_s)
         self.metrics.watch_pairs(self.pairs)
         self.decision_log = explain.DecisionLog(config.decision_log_sample,
@@ -169,10 +172,10 @@ class Gateway:
 
             if Path(self.config.state_file).exists():
                 result = self.store.load_file(self.config.state_file)
-                self.metrics.table_updates.labels(result.outcome, "state").inc()
+                self.metrics.child(self.metrics.table_updates, result.outcome, "state").inc()
         if self.config.table_file:
             result = self.store.load_file(self.config.table_file)
-            self.metrics.table_updates.labels(result.outcome, "file").inc()
+            self.metrics.child(self.metrics.table_updates, result.outcome, "file").inc()
             if result.outcome == "nack":
                 log.error("table file %s refused: %s", self.config.table_file, result.error)
         if self.store.current is not None:
@@ -281,14 +284,14 @@ class Gateway:
                     log.warning("table pull failed: %s", self.last_pull_error)
                     return False
                 result = self.store.apply(orjson.loads(raw))
-                self.metrics.table_updates.labels(result.outcome, "pull").inc()
+                self.metrics.child(self.metrics.table_updates, result.outcome, "pull").inc()
                 if result.outcome != "nack":
                     self.pull_etag = response.headers.get("ETag")
                 self.last_pull_error = result.error if result.outcome == "nack" else ""
                 return result.outcome != "nack"
         except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
             if isinstance(exc, BodyTooLarge):
-                self.metrics.table_updates.labels("too_large", "pull").inc()
+                self.metrics.child(self.metrics.table_updates, "too_large", "pull").inc()
             self.last_pull_error = repr(exc)
             log.info("table pull failed: %r", exc)
             return False
@@ -313,7 +316,7 @@ class Gateway:
         return None
 
     def _refuse_push(self, status: int, outcome: str, reason: str, error: str):
-        self.metrics.table_updates.labels(outcome, "push").inc()
+        self.metrics.child(self.metrics.table_updates, outcome, "push").inc()
         return web.json_response({"status": outcome, "applied_version": self.store.version,
                                   "reason": reason, "error": error}, status=status)
 
@@ -352,7 +355,7 @@ class Gateway:
         except orjson.JSONDecodeError as exc:
             return self._refuse_push(422, "nack", "not_json", f"body is not JSON: {exc}")
         result = self.store.apply(table)
-        self.metrics.table_updates.labels(result.outcome, "push").inc()
+        self.metrics.child(self.metrics.table_updates, result.outcome, "push").inc()
         return web.json_response(result.as_dict(), status=result.http_status)
 
     async def admin_get_table(self, request: web.Request) -> web.Response:
@@ -433,13 +436,14 @@ class Gateway:
         model_name = body.get("model")
         table = self.store.current
         if table is None:
-            return self._reject(503, "the gateway has no routing table yet", str(model_name),
+            return self._reject(503, "the gateway has no routing table yet", "(unknown)",
                                 endpoint, kind="service_unavailable")
         model = table.models.get(model_name) if isinstance(model_name, str) else None
         if model is None:
-            return self._reject(404, f"The model `{model_name}` does not exist.",
-                                str(model_name), endpoint, kind="model_not_found")
-        request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+            # The label is not the name asked for: clients must not mint metric series.
+            return self._reject(404, f"The model `{str(model_name)[:200]}` does not exist.",
+                                "(unknown)", endpoint, kind="model_not_found")
+        request_id = request.headers.get("X-Request-Id") or self._next_request_id()
         prompt = await self._prompt_view(model, body, chat)
         exclude: set[str] = set()
         bad_pairs: set[tuple[str, str]] = set()
@@ -454,7 +458,7 @@ class Gateway:
                 plan = plan_request(model, prompt["tokens"], prompt["cached"], self.loads,
                                     self.rng, exclude, inflow)
             except NoWorkerError as exc:
-                self.metrics.errors.labels(model.name, "no_worker").inc()
+                self.metrics.child(self.metrics.errors, model.name, "no_worker").inc()
                 return self._reject(503, str(exc), model.name, endpoint,
                                     kind="service_unavailable")
             if plan.prefill and ((plan.prefill, plan.decode) in bad_pairs
@@ -464,17 +468,18 @@ class Gateway:
                 exclude.add(plan.prefill)
                 continue
             reason = plan.reason if attempt == 0 else f"retry_{plan.reason}"
-            self.metrics.decisions.labels(model.name, reason).inc()
+            self.metrics.child(self.metrics.decisions, model.name, reason).inc()
             why = self._explain(model, plan, prompt, request_id, retried=attempt > 0)
             try:
                 response = await self._execute(request, model, plan, body, raw, endpoint,
                                                chat, request_id, prompt, started, why)
             except UpstreamFailure as exc:
-                self.metrics.errors.labels(model.name, "upstream").inc()
+                self.metrics.child(self.metrics.errors, model.name, "upstream").inc()
                 log.warning("request %s: %s", request_id, exc)
                 if isinstance(exc, PairFailure):
                     self.pairs.failed(exc.prefill, exc.decode, exc.kind)
-                    self.metrics.pair_failures.labels(exc.prefill, exc.decode, exc.kind).inc()
+                    self.metrics.child(self.metrics.pair_failures, exc.prefill, exc.decode,
+                                       exc.kind).inc()
                     bad_pairs.add((exc.prefill, exc.decode))
                     if exc.kind == "prefill_failed":
                         exclude.add(exc.prefill)
@@ -484,14 +489,20 @@ class Gateway:
                 if attempt >= self.config.max_attempts or not self.config.retry_before_first_byte:
                     return self._reject(502, f"upstream failed: {exc.reason}", model.name,
                                         endpoint, kind="upstream_error")
-                self.metrics.retries.labels(model.name, "before_first_byte").inc()
+                self.metrics.child(self.metrics.retries, model.name, "before_first_byte").inc()
                 continue
-            self.metrics.requests.labels(model.name, endpoint, str(response.status)).inc()
-            self.metrics.e2e.labels(model.name).observe(time.perf_counter() - started)
+            self.metrics.child(self.metrics.requests, model.name, endpoint,
+                               str(response.status)).inc()
+            self.metrics.child(self.metrics.e2e, model.name).observe(time.perf_counter() - started)
             return response
 
+    def _next_request_id(self) -> str:
+        """Unique per gateway process and cheap (a random prefix and a counter; uuid4 on
+        every request costs a system call)."""
+        return f"{self._id_prefix}{next(self._id_counter):x}"
+
     def _reject(self, status, message, model, endpoint, kind="invalid_request_error"):
-        self.metrics.requests.labels(model, endpoint, str(status)).inc()
+        self.metrics.child(self.metrics.requests, model, endpoint, str(status)).inc()
         return _openai_error(status, message, kind)
 
     async def _prompt_view(self, model: ModelRoute, body: dict, chat: bool) -> dict[str, Any]:
@@ -548,11 +559,11 @@ class Gateway:
         """The deciding rule, counted; the avoidable prefill, counted; a sampled log entry;
         returns the X-Pdplane-Route header value."""
         rule = explain.rule_of(plan, retried, model.temperature)
-        self.metrics.route_rules.labels(model.name, rule).inc()
+        self.metrics.child(self.metrics.route_rules, model.name, rule).inc()
         avoidable, on = explain.avoidable_prefill(plan, model, prompt["cached"],
                                                   prompt["tokens"])
         if avoidable:
-            self.metrics.avoidable_prefill_tokens.labels(model.name).inc(avoidable)
+            self.metrics.child(self.metrics.avoidable_prefill_tokens, model.name).inc(avoidable)
         if self.decision_log.wants(rule, avoidable):
             self.decision_log.add(request_id=request_id, model=model.name, rule=rule,
                                   plan=plan, prompt_tokens=prompt["tokens"],
@@ -596,7 +607,8 @@ class Gateway:
                     # Shed: the TTFT target is lost already; cancelling the upstream request
                     # (the connection closes, the engine aborts it) frees the engine for
                     # the requests queued behind it. No retry: the fleet is overloaded.
-                    self.metrics.errors.labels(model.name, "first_token_deadline").inc()
+                    self.metrics.child(self.metrics.errors, model.name,
+                                       "first_token_deadline").inc()
                     return self._reject(
                         503, f"no first token within {model.first_token_deadline_ms:.0f} ms "
                         "(the gateway sheds requests that have missed their latency target)",
@@ -622,7 +634,7 @@ class Gateway:
                     return web.Response(body=payload, status=upstream.status,
                                         headers=response_headers)
                 ttft = time.perf_counter() - started
-                self.metrics.ttft.labels(model.name).observe(ttft)
+                self.metrics.child(self.metrics.ttft, model.name).observe(ttft)
                 return await self._relay(request, upstream, response_headers, model, prompt)
             finally:
                 upstream.close()
@@ -643,7 +655,7 @@ class Gateway:
                 return early
             reservation.prefill_done()
             data = orjson.dumps(handshake.decode_request(body, early))
-        self.metrics.worker_requests.labels(worker.id, "decode" if plan.prefill else
+        self.metrics.child(self.metrics.worker_requests, worker.id, "decode" if plan.prefill else
                                             "full").inc()
         upstream = await open_upstream(
             self.session, worker.id, f"{worker.url}/v1/{endpoint}", data, headers,
@@ -674,7 +686,7 @@ class Gateway:
 
     async def _prefill(self, model, plan, body, endpoint, chat, headers, prompt, handshake):
         worker = model.worker(plan.prefill)
-        self.metrics.worker_requests.labels(worker.id, "prefill").inc()
+        self.metrics.child(self.metrics.worker_requests, worker.id, "prefill").inc()
         try:
             upstream = await open_upstream(
                 self.session, worker.id, f"{worker.url}/v1/{endpoint}",
@@ -700,7 +712,7 @@ class Gateway:
         self._learn_tokens(model, prompt, payload, answer)
         params = handshake.transfer_params(answer)
         if params is None:
-            self.metrics.decisions.labels(model.name, "pd_no_kv_params").inc()
+            self.metrics.child(self.metrics.decisions, model.name, "pd_no_kv_params").inc()
             return None
         return params
 
@@ -727,7 +739,7 @@ class Gateway:
         await response.prepare(request)
         await response.write(upstream.first_chunk)
         last = time.perf_counter()
-        itl = self.metrics.itl.labels(model.name)
+        itl = self.metrics.child(self.metrics.itl, model.name)
         tail = upstream.first_chunk
         try:
             async for chunk in upstream.response.content.iter_any():
@@ -740,10 +752,10 @@ class Gateway:
             if b'"prompt_tokens"' in tail:  # stream_options.include_usage: learn from it
                 self._learn_from_stream_tail(model, prompt, tail)
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-            self.metrics.errors.labels(model.name, "client_disconnect").inc()
+            self.metrics.child(self.metrics.errors, model.name, "client_disconnect").inc()
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             # After the first byte there is no retry: end the stream, count it.
-            self.metrics.errors.labels(model.name, "upstream_mid_stream").inc()
+            self.metrics.child(self.metrics.errors, model.name, "upstream_mid_stream").inc()
             log.warning("upstream %s failed mid-stream: %r", upstream.worker_id, exc)
         return response
 
@@ -758,8 +770,8 @@ class Gateway:
                 model.block_size:
             # At least one uncached block: the engine will store it and publish an event.
             self.subscriber.expect_events(plan.prefill or plan.decode)
-        self.metrics.prefix_hit_tokens.labels(model.name).inc(plan.cached_tokens)
-        self.metrics.prompt_tokens.labels(model.name).inc(prompt["tokens"])
+        self.metrics.child(self.metrics.prefix_hit_tokens, model.name).inc(plan.cached_tokens)
+        self.metrics.child(self.metrics.prompt_tokens, model.name).inc(prompt["tokens"])
 
     def _learn_from_stream_tail(self, model, prompt, tail: bytes) -> None:
         for line in reversed(tail.split(b"\n")):

@@ -93,10 +93,20 @@ class GatewayMetrics:
             "first byte (prefill_failed, transfer_refused)", ["prefill", "decode", "kind"],
             registry=r,
         )
+        self._children: dict = {}
         self._pair_collector = _PairCollector(None)
         r.register(self._pair_collector)
         self._kv_collector = _KvStreamCollector({})
         r.register(self._kv_collector)
+
+    def child(self, metric, *labels: str):
+        """``metric.labels(*labels)``, memoised: the request path asks for the same few
+        children over and over, and ``labels()`` validates and locks on every call."""
+        key = (metric, labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
 
     def watch_pairs(self, pairs) -> None:
         self._pair_collector.pairs = pairs
