@@ -63,6 +63,11 @@ TRACES = {
     "azure-code": ("azure2023_code.csv", "prefill-heavy-3k-50"),
 }
 ROUTERS = ("pdplane", *BASELINES)
+# "pdplane-before": the router as it was before its affinity was bounded by load (the fixed
+# 64-request imbalance guard only), for before/after rows.
+# "pdplane-events": plus the precise prefix index fed with the engines' KV events.
+VARIANTS = {"pdplane": {}, "pdplane-before": {"policy": {"affinity_load_factor": 0.0}},
+            "pdplane-events": {"precise": True}}
 NOMINAL_SHARE = 0.25  # of an engine's prefill capacity offered per engine at 1×
 # Latency-oriented chunked prefill (vLLM --max-num-batched-tokens): a 70B step with an
 # 8,192-token chunk takes ~1 s and stalls every decode on the engine.
@@ -108,7 +113,10 @@ def run_cell(args: tuple) -> dict:
     scenarios = json.loads((SHARED / "data" / "scenarios.json").read_text())
     slo = scenarios["workloads"][TRACES[trace][1]]["slo"]
     workload = scaled(load_trace(trace, requests), engines, load, capacity)
-    router = GatewayRouter() if router_name == "pdplane" else BASELINES[router_name]()
+    if router_name in VARIANTS:
+        router = GatewayRouter(**VARIANTS[router_name])
+    else:
+        router = BASELINES[router_name]()
     fleet = VirtualFleet(fleet_engines(engines), LinkModel(nic=links.nic(400, rdma=True)),
                          router=router)
     started = time.perf_counter()
@@ -147,18 +155,25 @@ def summarize_rows(rows: list[dict]) -> dict:
     summary = {}
     cells = sorted({(r["trace"], r["load"]) for r in rows})
     for trace, load in cells:
-        ratios, hits, best_hits, spreads = [], [], [], []
+        ratios, hits, best_hits, spreads, before = [], [], [], [], []
         for engines in sorted({r["engines"] for r in rows}):
             group = {r["router"]: r for r in rows if (r["trace"], r["load"], r["engines"]) == (
                 trace, load, engines)}
             if "pdplane" not in group:
                 continue
             mine = group.pop("pdplane")
+            old = group.get("pdplane-before")
+            group = {k: v for k, v in group.items() if k in BASELINES}
             if not group:
                 continue
             best = max(group.values(), key=lambda r: r["goodput_rps"])
-            ratios.append(mine["goodput_rps"] / best["goodput_rps"] if best["goodput_rps"]
-                          else 1.0)
+
+            def ratio(row, best=best):
+                return row["goodput_rps"] / best["goodput_rps"] if best["goodput_rps"] else 1.0
+
+            ratios.append(ratio(mine))
+            if old is not None:
+                before.append(ratio(old))
             hits.append(mine["hit_rate"])
             best_hits.append(best["hit_rate"])
             spreads.append(mine["spread_max_over_mean"])
@@ -168,6 +183,9 @@ def summarize_rows(rows: list[dict]) -> dict:
                 "pdplane_hit_rate": min(hits), "best_baseline_hit_rate": max(best_hits),
                 "pdplane_max_spread": max(spreads),
             }
+            if before:
+                summary[f"{trace}@{load:g}x"]["pdplane_before_vs_best_baseline"] = round(
+                    min(before), 4)
     return summary
 
 
@@ -178,9 +196,10 @@ def main() -> None:
     p.add_argument("--engines", default="8,32")
     p.add_argument("--loads", default="1,2,4")
     p.add_argument("--traces", default=",".join(TRACES))
-    p.add_argument("--routers", default=",".join(ROUTERS))
+    p.add_argument("--routers", default=",".join(ROUTERS),
+                   help=f"of {', '.join([*VARIANTS, *BASELINES])}")
     p.add_argument("--requests", type=int, default=None,
-                   help="requests per cell (default 800 per 8 engines; --quick: 160)")
+                   help="requests per cell (default 50 per engine; --quick: 160)")
     p.add_argument("--jobs", type=int, default=2)
     args = p.parse_args()
     engine_sizes = [8] if args.quick else [int(x) for x in args.engines.split(",")]
@@ -189,7 +208,7 @@ def main() -> None:
     cells = []
     for trace in args.traces.split(","):
         for engines in engine_sizes:
-            n = args.requests or (160 if args.quick else 100 * engines)
+            n = args.requests or (160 if args.quick else 50 * engines)
             for load in loads:
                 for router in args.routers.split(","):
                     cells.append((trace, engines, load, router, n, capacity))

@@ -325,32 +325,28 @@ class PreciseIndex:
 
     def match_hashes(self, block_hashes: Sequence[Any]) -> dict[str, int]:
         """Worker id → leading tokens it holds, by engine block hashes (:meth:`apply_hashed`)."""
-        matched: dict[str, int] = {}
-        alive: set[str] | None = None
-        for i, h in enumerate(block_hashes):
-            holders = self._hash_holders.get(h)
-            if not holders:
-                break
-            alive = set(holders) if alive is None else alive & holders
-            if not alive:
-                break
-            for w in alive:
-                matched[w] = (i + 1) * self.block_size
-        return matched
+        return _leading_match(block_hashes, self._hash_holders, self.block_size)
 
     def match(self, token_ids: Sequence[int]) -> dict[str, int]:
         """Worker id → number of leading tokens it holds (whole blocks)."""
         if not self.block_size:
             return {}
-        matched: dict[str, int] = {}
-        alive: set[str] | None = None
-        for i, h in enumerate(token_block_hashes(token_ids, self.block_size)):
-            holders = self._holders.get(h)
-            if not holders:
-                break
-            alive = set(holders) if alive is None else alive & holders
-            if not alive:
-                break
-            for w in alive:
-                matched[w] = (i + 1) * self.block_size
-        return matched
+        return _leading_match(token_block_hashes(token_ids, self.block_size), self._holders,
+                              self.block_size)
+
+
+def _leading_match(hashes: Iterable[Any], holders_of: dict[Any, set[str]],
+                   unit: int) -> dict[str, int]:
+    """Worker id → ``unit`` × the number of leading hashes it holds."""
+    matched: dict[str, int] = {}
+    alive: set[str] | None = None
+    for i, h in enumerate(hashes):
+        holders = holders_of.get(h)
+        if not holders:
+            break
+        alive = set(holders) if alive is None else alive & holders
+        if not alive:
+            break
+        for w in alive:
+            matched[w] = (i + 1) * unit
+    return matched
