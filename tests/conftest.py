@@ -68,6 +68,9 @@ def pytest_terminal_summary(terminalreporter):
 @pytest.fixture
 def shared_dir() -> Path:
     if not SHARED.exists():
+        # Not a system part CI could install: it is the brief's data, laid beside the clone.
+        tier_note("shared-data", "skipped: ../shared (traces, scenarios) is not beside the "
+                                 "checkout")
         pytest.skip("../shared is not present beside the checkout")
     return SHARED
 

@@ -12,7 +12,7 @@ import pytest
 
 from gateway.adapters.router_sync import client_for, sync_once
 from gateway.statictable import table_from_sim_endpoints
-from tests.conftest import free_port, stop_process, wait_for_port
+from tests.conftest import free_port, require_system_part, stop_process, wait_for_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -24,7 +24,9 @@ PEERS_BIN = Path(os.environ.get("PDPLANE_PEERS_BIN",
 def test_adapter_keeps_router_workers_in_sync(kind, sim_fleet):
     binary = PEERS_BIN / kind
     if not binary.exists():
-        pytest.skip(f"{kind} is not installed at {binary}")
+        require_system_part("peer-routers", f"{kind} is not installed at {binary}",
+                            "bash scripts/peer_routers_env.sh (pinned vllm-router, "
+                            "sglang-router; PDPLANE_PEERS_BIN=its output)")
     fleet = sim_fleet([("a", "both"), ("b", "both")])
     urls = {e["id"]: e["api_url"] for e in fleet.endpoints["engines"]}
     port, metrics_port = free_port(), free_port()
