@@ -12,18 +12,19 @@ from __future__ import annotations
 import contextlib
 import logging
 
-from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from controlplane.outbox import store as outbox
+from controlplane.outbox.tasks import kick
 from controlplane.policies.effective import DEFAULT_POLICY, PolicyError
 from controlplane.policies.models import effective_policy_for
 from controlplane.topology.choices import GatewayKind
 from controlplane.topology.models import Cluster, Fabric, Gateway, Node, ServedModel
 
 from .builder import build_table, content_sha
-from .models import DeliveryStatus, GatewayDelivery, RoutingTableVersion
+from .models import ROUTING_PUSH_KIND, SUPERSEDED, GatewayDelivery, RoutingTableVersion
 from .schema import validate_table
 
 log = logging.getLogger(__name__)
@@ -94,17 +95,8 @@ def _store(cluster: Cluster, table: dict, sha: str, cause: str, actor: str
     )
     queue_deliveries(row)
     log.info("routing table %s v%d stored (%s, by %s)", cluster.name, row.version, cause, actor)
-    transaction.on_commit(lambda: _kick_push(cluster.pk), robust=True)
+    kick(ROUTING_PUSH_KIND)  # the outbox's worker loop sends them once this commits
     return row
-
-
-def _kick_push(cluster_id: int) -> None:
-    from .tasks import push_routing_tables
-
-    # ROUTING_PUSH_QUEUE (optional setting) lets tests give their worker a private queue.
-    push_routing_tables.apply_async(
-        (cluster_id,), queue=getattr(settings, "ROUTING_PUSH_QUEUE", None)
-    )
 
 
 def latest_table(cluster_id: int) -> RoutingTableVersion | None:
@@ -112,15 +104,14 @@ def latest_table(cluster_id: int) -> RoutingTableVersion | None:
 
 
 def queue_deliveries(row: RoutingTableVersion, gateways=None) -> list[GatewayDelivery]:
-    """One pending delivery per push gateway; older unsent ones are superseded."""
+    """One pending delivery (an outbox row) per push gateway; older unsent ones are
+    superseded."""
     now = timezone.now()
     if gateways is None:
         gateways = Gateway.objects.filter(cluster_id=row.cluster_id, kind__in=PUSH_KINDS)
     created = []
     for gateway in gateways:
-        GatewayDelivery.objects.filter(gateway=gateway, status=DeliveryStatus.PENDING).update(
-            status=DeliveryStatus.SUPERSEDED, finished_at=now
-        )
+        outbox.cancel(GatewayDelivery.objects.filter(gateway=gateway), outcome=SUPERSEDED)
         created.append(
             GatewayDelivery.objects.create(gateway=gateway, table=row, next_attempt_at=now)
         )
