@@ -54,6 +54,18 @@ class SimFleet:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
 
+    def restart_engine(self, engine_id: str) -> None:
+        """Kill the engine's node process and start it again on the same ports: a real
+        engine restart (empty cache, KV-event sequence numbers from 0 again)."""
+        node = self.by_id[engine_id]["node"]
+        if self.fleet.procs[node].poll() is None:
+            self.kill_engine(engine_id)
+        self.fleet.procs[node] = subprocess.Popen(
+            [sys.executable, "-m", "workers_agent.sim.cli", "node", "--config",
+             str(self.fleet.config_path), "--node", node, "--log-level", "WARNING"],
+            cwd=ROOT, stdin=subprocess.DEVNULL)
+        self.fleet.wait_ready(30)
+
     def metric(self, engine_id: str, name: str, **labels) -> float:
         """Sum of a metric family's samples on one engine (0 if absent)."""
         url = self.by_id[engine_id]["metrics_url"]

@@ -4,14 +4,11 @@ refills from the new engine's events; a stalled stream is reported."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 
 import pytest
 
 from gateway.statictable import table_from_sim_endpoints
-from tests.conftest import ROOT, wait_for_port
 
 from .conftest import MODEL, post, write_json
 
@@ -34,21 +31,6 @@ def tokens_completion(gw, ids, max_tokens=2):
                 {"model": MODEL, "prompt": ids, "max_tokens": max_tokens})
 
 
-def restart_node(fleet, engine_id):
-    """Kill the engine's node process and start it again on the same ports: a real engine
-    restart, whose KV-event sequence numbers start at 0 again."""
-    node = fleet.by_id[engine_id]["node"]
-    fleet.kill_engine(engine_id)
-    procs = fleet.fleet.procs
-    procs[node] = subprocess.Popen(
-        [sys.executable, "-m", "workers_agent.sim.cli", "node", "--config",
-         str(fleet.fleet.config_path), "--node", node, "--log-level", "WARNING"],
-        cwd=ROOT, stdin=subprocess.DEVNULL)
-    port = int(fleet.by_id[engine_id]["api_url"].rsplit(":", 1)[1])
-    wait_for_port(port, timeout=30)
-    fleet.fleet.wait_ready(30)
-
-
 def test_engine_restart_empties_and_refills_the_workers_index(
     sim_fleet, gateway_process, tmp_path
 ):
@@ -62,7 +44,7 @@ def test_engine_restart_empties_and_refills_the_workers_index(
                   and s, what="blocks of the first prompt")
     assert before["restarts"] == 0
 
-    restart_node(fleet, "a")
+    fleet.restart_engine("a")
     new = list(range(5000, 5000 + 16 * 4))
     # The new engine's first batch (seq 0) tells the gateway it restarted. (Retry while the
     # gateway's ZMQ subscription reconnects: requests before that leave no trace.)

@@ -212,3 +212,44 @@ def test_first_token_deadline_sheds_late_streams_and_cancels_them(
     assert status == 200
     metrics = __import__("urllib.request").request.urlopen(gw.url + "/metrics").read().decode()
     assert 'kind="first_token_deadline"' in metrics
+
+
+def test_dead_prefill_engine_fails_its_pair_not_the_clients(sim_fleet, gateway_process,
+                                                             tmp_path):
+    """P/D over real simulated engines: a prefill engine that dies costs no request not yet
+    streaming; its pair is marked unhealthy, skipped, re-probed after the engine is back,
+    and healthy again."""
+    import json
+    import urllib.request
+
+    fleet = sim_fleet([("p1", "prefill"), ("p2", "prefill"), ("d", "decode")])
+    table = table_from_sim_endpoints(fleet.endpoints, mode="disaggregated")
+    config = write_json(tmp_path / "gw.json", {"pd_pair_cooldown_s": 0.5})
+    gw = gateway_process("--table", write_json(tmp_path / "t.json", table), "--config", config)
+    assert completion(gw, prompt(200), max_tokens=2)[0] == 200
+    fleet.kill_engine("p1")
+    answers = [completion(gw, prompt(200, i), stream=i % 2 == 0, max_tokens=3)
+               for i in range(10)]
+    assert [a[0] for a in answers] == [200] * 10, [a[2][:200] for a in answers]
+    assert {a[1]["X-Pdplane-Prefill-Worker"] for a in answers} == {"p2"}
+    pairs = {(p["prefill"], p["decode"]): p for p in gw.admin_table()["pd_pairs"]}
+    assert pairs["p1", "d"]["state"] in ("unhealthy", "probing")
+    assert pairs["p1", "d"]["last_failure"] == "prefill_failed"
+    metrics = urllib.request.urlopen(gw.url + "/metrics", timeout=5).read().decode()
+    assert 'pdplane_gateway_pd_pair_failures_total{decode="d",kind="prefill_failed",' \
+           'prefill="p1"}' in metrics
+
+    fleet.restart_engine("p1")
+    deadline = time.monotonic() + 30
+    state = None
+    i = 100
+    while time.monotonic() < deadline:
+        status, _, raw = completion(gw, prompt(200, i), max_tokens=2)
+        assert status == 200, raw[:200]
+        i += 1
+        state = {(p["prefill"], p["decode"]): p["state"]
+                 for p in gw.admin_table()["pd_pairs"]}.get(("p1", "d"))
+        if state == "healthy":
+            break
+        time.sleep(0.2)
+    assert state == "healthy", json.dumps(gw.admin_table()["pd_pairs"])
