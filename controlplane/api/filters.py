@@ -1,13 +1,19 @@
-"""Query-string filters declared per viewset, typed and validated (bad values → 400).
+"""Query-string filters as django-filter FilterSets, shared by the API and the UI's lists.
 
-``filter_fields = {"cluster_id": "cluster_id", "status": "status", "hostname": "hostname"}``
-maps a query parameter to an ORM lookup. The type is taken from the model field, so
-``?cluster_id=abc`` is a field error, not a 500. A parameter given several times matches
-any of the values (``?status=online&status=stale``).
+A viewset declares ``filter_fields = {"cluster_id": "cluster_id", "status": "status"}``
+(query parameter → ORM lookup); :func:`filterset_for` turns that into a FilterSet whose
+filters are typed by the model field, so ``?cluster_id=abc`` is a field error (400), not a
+500. A parameter given several times matches any of the values
+(``?status=online&status=stale``). The dashboard's plans and audit pages filter with the
+very same FilterSet classes as ``/api/v1/plans/`` and ``/api/v1/audit/``.
 """
 
 from __future__ import annotations
 
+from functools import cache
+
+import django_filters
+from django import forms
 from django.core.exceptions import FieldDoesNotExist, ValidationError
 from django.db import models
 from django.utils.dateparse import parse_datetime
@@ -74,27 +80,71 @@ def _parse(field, raw: str):
     return value
 
 
+class _AnyOfField(forms.Field):
+    """Every value of a repeated parameter, each parsed as the model field would."""
+
+    widget = forms.MultipleHiddenInput  # reads QueryDict.getlist
+
+    def __init__(self, model_field, **kwargs):
+        self.model_field = model_field
+        kwargs["required"] = False
+        super().__init__(**kwargs)
+
+    def clean(self, value):
+        raws = [v for v in (value or []) if v != ""]
+        try:
+            return [_parse(self.model_field, raw) for raw in raws]
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+
+class AnyOfFilter(django_filters.Filter):
+    """``?p=a`` → ``lookup=a``; ``?p=a&p=b`` → ``lookup__in=[a, b]``."""
+
+    field_class = _AnyOfField
+
+    def filter(self, qs, value):
+        if not value:
+            return qs
+        if len(value) == 1:
+            return qs.filter(**{self.field_name: value[0]})
+        return qs.filter(**{f"{self.field_name}__in": value})
+
+
+@cache
+def _filterset(model, fields: tuple[tuple[str, str], ...]) -> type[django_filters.FilterSet]:
+    declared = {
+        param: AnyOfFilter(field_name=lookup, model_field=_model_field(model, lookup))
+        for param, lookup in fields
+    }
+    meta = type("Meta", (), {"model": model, "fields": []})
+    return type(f"{model.__name__}FilterSet", (django_filters.FilterSet,),
+                {**declared, "Meta": meta})
+
+
+def filterset_for(model, filter_fields: dict[str, str]) -> type[django_filters.FilterSet]:
+    """The one FilterSet class for ``model`` and these parameters (cached: same class for
+    the API viewset and the dashboard page that declare the same fields)."""
+    return _filterset(model, tuple(filter_fields.items()))
+
+
+def apply_filters(queryset, filter_fields: dict[str, str], query):
+    """(filtered queryset, {param: [message]} errors) — for pages that show errors inline."""
+    fs = filterset_for(queryset.model, filter_fields)(query, queryset=queryset)
+    if not fs.is_valid():
+        return queryset.none(), {k: list(v) for k, v in fs.errors.items()}
+    return fs.qs, {}
+
+
 class FieldFilterBackend(BaseFilterBackend):
     def filter_queryset(self, request, queryset, view):
         declared = getattr(view, "filter_fields", None) or {}
-        errors, conditions = {}, models.Q()
-        for param, lookup in declared.items():
-            raws = request.query_params.getlist(param)
-            if not raws:
-                continue
-            field = _model_field(queryset.model, lookup)
-            try:
-                values = [_parse(field, raw) for raw in raws]
-            except ValueError as exc:
-                errors[param] = [str(exc)]
-                continue
-            if len(values) == 1:
-                conditions &= models.Q(**{lookup: values[0]})
-            else:
-                conditions &= models.Q(**{f"{lookup}__in": values})
+        if not declared:
+            return queryset
+        filtered, errors = apply_filters(queryset, declared, request.query_params)
         if errors:
             raise exceptions.ValidationError(errors)
-        return queryset.filter(conditions)
+        return filtered
 
     def get_schema_operation_parameters(self, view):
         declared = getattr(view, "filter_fields", None) or {}

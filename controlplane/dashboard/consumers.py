@@ -167,7 +167,8 @@ class LiveTopologyConsumer(AsyncWebsocketConsumer):
         from .views import render_node_fragments, render_rack_fragments
 
         if self.summary:
-            return render_rack_fragments(self.user, self.filters, node_ids)
+            return render_rack_fragments(self.user, self.filters, node_ids,
+                                         self.query.get("rpage"))
         return render_node_fragments(self.user, self.filters, node_ids)
 
     @database_sync_to_async

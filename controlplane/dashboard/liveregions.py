@@ -19,7 +19,8 @@ from django.template.loader import render_to_string
 
 REFRESH_S = 5.0
 # Query keys a page keeps in its live URL (filters and paging of list pages).
-KEPT_KEYS = ("status", "page", "cluster", "model", "fingerprint", "node")
+KEPT_KEYS = ("status", "page", "cluster", "model", "fingerprint", "node", "cluster_id",
+             "served_model_id", "since")
 
 
 def _models(user, query) -> dict:

@@ -8,12 +8,14 @@ from controlplane.accounts.access import can_anywhere
 from controlplane.accounts.roles import ACTION, READ, restrict
 from controlplane.audit.models import ChangeRecord
 from controlplane.planner.inputs import measured_latency
-from controlplane.planner.models import Plan
+from controlplane.planner.models import Plan, PlanStatus
 from controlplane.policies.models import effective_policy_for
 from controlplane.routing.diff import diff_tables, summarize
 from controlplane.routing.models import GatewayDelivery, RoutingTableVersion
 from controlplane.telemetry import hotstate
 from controlplane.topology.models import Cluster, Gateway, ServedModel, Worker
+
+from .routingview import change_lines
 
 
 def _layout(workers: list[Worker]) -> str:
@@ -76,7 +78,7 @@ def _role_change_timelines(models) -> dict[int, list]:
 
     from .svg import timeline
 
-    end = time.time()
+    end = _timeline_end(time.time())
     start = end - TIMELINE_HOURS * 3600
     events: dict[int, list] = {}
     for plan in Plan.objects.filter(served_model__in=models, status__in=("applied", "failed"),
@@ -87,20 +89,66 @@ def _role_change_timelines(models) -> dict[int, list]:
     return {pk: timeline(ev, start=start, end=end) for pk, ev in events.items()}
 
 
+def _timeline_end(now: float) -> float:
+    """The axis ends at the next 5-minute mark (8 px on a 6-hour axis): marks move only then,
+    so a live region with a timeline does not differ (and get re-sent) every second."""
+    return (now // 300 + 1) * 300
+
+
 def _ts(unix: float):
     from datetime import UTC, datetime
 
     return datetime.fromtimestamp(unix, tz=UTC)
 
 
+PLANS_PER_PAGE = 25
+
+
+def _keep(query, drop=("page",)) -> str:
+    """The query string without ``drop`` (paging links keep the filters)."""
+    from urllib.parse import urlencode
+
+    items = query.lists() if hasattr(query, "lists") else ((k, [v]) for k, v in query.items())
+    return urlencode([(k, v) for k, vs in items if k not in drop for v in vs if v])
+
+
 def plans_context(user, query) -> dict:
+    """Plans list: the API's own FilterSet (``/api/v1/plans/`` parameters), paging, and a
+    timeline of the filtered plans over the last hours."""
+    from controlplane.api.filters import apply_filters
+    from controlplane.api.views_planner import PlanViewSet
+
     clusters = restrict(Cluster.objects.all(), user, READ)
     plans = Plan.objects.filter(cluster__in=clusters).select_related("cluster", "served_model")
-    status = query.get("status")
-    if status:
-        plans = plans.filter(status=status)
-    page = Paginator(plans.order_by("-created"), 25).get_page(query.get("page"))
-    return {"page": page, "status": status or "", "can_act": can_anywhere(user, ACTION)}
+    plans, errors = apply_filters(plans, PlanViewSet.filter_fields, query)
+    plans = plans.order_by("-created", "-id")
+    page = Paginator(plans, PLANS_PER_PAGE).get_page(query.get("page"))
+    return {
+        "page": page, "errors": errors, "can_act": can_anywhere(user, ACTION),
+        "filters": {k: query.get(k, "") for k in PlanViewSet.filter_fields},
+        "keep": _keep(query),
+        "choices": {
+            "clusters": list(clusters.values_list("pk", "name")),
+            "models": list(ServedModel.objects.filter(cluster__in=clusters)
+                           .values_list("pk", "name", "cluster__name")),
+            "statuses": PlanStatus.values,
+        },
+        "timeline": _plans_timeline(plans),
+        "status": query.get("status", ""),
+    }
+
+
+def _plans_timeline(plans) -> list:
+    import time
+
+    from .svg import timeline
+
+    end = _timeline_end(time.time())
+    start = end - TIMELINE_HOURS * 3600
+    events = [(p.created.timestamp(), f"#{p.pk} {p.served_model.name}: {p.current_layout} → "
+               f"{p.target_layout} ({p.status})", p.status)
+              for p in plans.filter(created__gte=_ts(start))[:500]]
+    return timeline(events, start=start, end=end)
 
 
 def routing_context(user, query=None) -> dict:
@@ -115,7 +163,8 @@ def routing_context(user, query=None) -> dict:
             if len(history) == 10:
                 break
             changes = diff_tables(older.body if older else None, newer.body)
-            history.append({"version": newer, "changes": changes, "summary": summarize(changes)})
+            history.append({"version": newer, "lines": change_lines(changes),
+                            "summary": summarize(changes)})
         latest = versions[0].version if versions else None
         gateways = []
         for gw in Gateway.objects.filter(cluster=cluster):
@@ -128,11 +177,15 @@ def routing_context(user, query=None) -> dict:
     return {"sections": sections}
 
 
-def audit_context(request) -> dict:
-    records = restrict(ChangeRecord.objects.all(), request.user, READ)
-    for key in ("object_type", "actor_kind"):
-        if request.GET.get(key):
-            records = records.filter(**{key: request.GET[key]})
-    page = Paginator(records.order_by("-time", "-id"), 50).get_page(request.GET.get("page"))
-    return {"page": page, "filters": {k: request.GET.get(k, "") for k in ("object_type",
-                                                                        "actor_kind")}}
+def audit_context(user, query) -> dict:
+    """Audit log: the API's FilterSet (``/api/v1/audit/`` parameters) and paging."""
+    from controlplane.api.filters import apply_filters
+    from controlplane.api.views import ChangeRecordFilterMixin
+
+    fields = ChangeRecordFilterMixin.filter_fields
+    records = restrict(ChangeRecord.objects.all(), user, READ)
+    records, errors = apply_filters(records, fields, query)
+    page = Paginator(records.order_by("-time", "-id"), 50).get_page(query.get("page"))
+    return {"page": page, "errors": errors, "keep": _keep(query),
+            "filters": {k: query.get(k, "") for k in fields},
+            "actor_kinds": ("user", "token", "node", "system")}

@@ -72,7 +72,7 @@ def routing_view(request):
 def audit_view(request):
     from .modelspage import audit_context
 
-    return render(request, "dashboard/audit.html", audit_context(request))
+    return render(request, "dashboard/audit.html", audit_context(request.user, request.GET))
 
 
 @login_required

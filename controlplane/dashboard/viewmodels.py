@@ -209,25 +209,32 @@ def summary_mode(nodes_qs, filters: Filters) -> bool:
     return not filters.rack and nodes_qs.count() > SUMMARY_ABOVE_NODES
 
 
-def topology(user, filters: Filters) -> dict:
-    from .racks import rack_summaries
+def topology(user, filters: Filters, rack_page_number=None) -> dict:
+    from . import racks as rack_views
 
     nodes_qs = visible_nodes(user, filters)
     summary = summary_mode(nodes_qs, filters)
-    node_rows = list(
-        nodes_qs.order_by("cluster__name", "rack", "hostname").values(*NODE_FIELDS)
-    )
     clusters: dict[str, dict[str, list]] = {}
+    paging = None
     if summary:
-        racks = rack_summaries(node_rows, nodes_qs)
-        for rack in racks:
+        pairs, paging = rack_views.rack_page(nodes_qs, rack_page_number)
+        page_nodes = rack_views.nodes_in_racks(nodes_qs, pairs)
+        node_rows = list(
+            page_nodes.order_by("cluster__name", "rack", "hostname").values(*NODE_FIELDS))
+        for rack in rack_views.rack_summaries(node_rows, page_nodes):
             clusters.setdefault(rack.cluster, {})[rack.rack] = rack
-        gpu_count = sum(r.gpus for r in racks)
+        totals = rack_views.fleet_totals(nodes_qs)
+        node_count = sum(n for _, n in totals["statuses"])
+        gpu_count = totals["gpus"]
     else:
+        node_rows = list(
+            nodes_qs.order_by("cluster__name", "rack", "hostname").values(*NODE_FIELDS))
         cards = node_cards(node_rows, filters)
         for card in cards:
             clusters.setdefault(card.cluster, {}).setdefault(card.rack or "—", []).append(card)
+        node_count = len(node_rows)
         gpu_count = sum(len(t) for c in cards for _, t in c.nvlink_groups)
+        totals = None
     cluster_qs = restrict(Cluster.objects.all(), user, READ)
     fabrics = defaultdict(list)
     for f in Fabric.objects.filter(cluster__in=cluster_qs).values(
@@ -251,7 +258,9 @@ def topology(user, filters: Filters) -> dict:
             for name, racks in clusters.items()
         ],
         "summary": summary,
-        "node_count": len(node_rows),
+        "paging": paging,
+        "totals": totals,
+        "node_count": node_count,
         "gpu_count": gpu_count,
         "choices": {
             "clusters": list(cluster_qs.values_list("name", flat=True)),

@@ -5,7 +5,6 @@ from __future__ import annotations
 from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
-from django.db.models import Q
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.template.loader import render_to_string
@@ -31,9 +30,13 @@ def _query(filters: Filters) -> str:
 def topology_view(request):
     filters = Filters.from_query(request.GET)
     query = _query(filters)
+    rack_query = f"{query}&" if query else ""
+    if request.GET.get("rpage", "").isdigit():  # the live view follows the rack page
+        query = "&".join(x for x in (query, f"rpage={request.GET['rpage']}") if x)
     context = {
         "filters": filters,
-        "topo": topology(request.user, filters),
+        "topo": topology(request.user, filters, request.GET.get("rpage")),
+        "rack_query": rack_query,
         "ws_url": "/ws/live/" + (f"?{query}" if query else ""),
         "poll_url": "/live/poll" + (f"?{query}" if query else ""),
     }
@@ -52,19 +55,19 @@ def render_node_fragments(user, filters: Filters, node_ids=None) -> str:
     )
 
 
-def render_rack_fragments(user, filters: Filters, node_ids=None) -> str:
-    """Out-of-band rack tiles (the big-fleet view): every rack, or those of ``node_ids``."""
-    from .racks import rack_summaries
+def render_rack_fragments(user, filters: Filters, node_ids=None, rack_page_number=None) -> str:
+    """Out-of-band rack tiles (the big-fleet view) of the racks on the viewer's page: all of
+    them, or those holding ``node_ids``."""
+    from .racks import nodes_in_racks, rack_page, rack_summaries
 
     nodes = visible_nodes(user, filters)
+    pairs, _ = rack_page(nodes, rack_page_number)
     if node_ids is not None:
-        racks = set(nodes.filter(id__in=node_ids).values_list("cluster_id", "rack").distinct())
-        if not racks:
+        hinted = set(nodes.filter(id__in=node_ids).values_list("cluster_id", "rack"))
+        pairs = [p for p in pairs if p in hinted]
+        if not pairs:
             return ""
-        condition = Q()
-        for cluster_id, rack in racks:
-            condition |= Q(cluster_id=cluster_id, rack=rack)
-        nodes = nodes.filter(condition)
+    nodes = nodes_in_racks(nodes, pairs)
     rows = list(nodes.order_by("cluster__name", "rack", "hostname").values(*NODE_FIELDS))
     return "".join(
         render_to_string("dashboard/_rack_tile.html", {"rack": rack, "oob": True})
@@ -86,7 +89,8 @@ def live_poll_view(request):
         return HttpResponse("".join(regions.values()))
     filters = Filters.from_query(request.GET)
     if summary_mode(visible_nodes(request.user, filters), filters):
-        return HttpResponse(render_rack_fragments(request.user, filters))
+        return HttpResponse(render_rack_fragments(request.user, filters,
+                                                  rack_page_number=request.GET.get("rpage")))
     return HttpResponse(render_node_fragments(request.user, filters))
 
 
