@@ -253,6 +253,7 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
     "ENUM_NAME_OVERRIDES": {
         "RoleEnum": "controlplane.topology.choices.Role",
+        "ClusterRoleEnum": "controlplane.accounts.models.ClusterRole",
         "SeverityEnum": "controlplane.alerts.models.Severity",
         "PlanStatusEnum": "controlplane.planner.models.PlanStatus",
         "NodeStatusEnum": "controlplane.topology.choices.NodeStatus",

@@ -4,7 +4,8 @@ Mounted by controlplane/api/urls.py, built on the API's bases, so it is scoped l
 other resource: a caller sees the memberships of the clusters it can see. Granting needs
 ``admin`` on that cluster (fleet-wide admins, and admins of that one cluster). A
 membership for a token narrows that token, so only its owner (or a fleet-wide admin) may
-give one: nobody can shrink someone else's token.
+give one — nobody can shrink someone else's token — and its owner needs only to see the
+cluster (a viewer may confine their own read token to one cluster).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from controlplane.topology.models import Cluster
 
 from .access import access_of_request, forget
 from .models import APIToken, ClusterMembership
-from .roles import MANAGE
+from .roles import MANAGE, READ
 
 
 class ClusterMembershipSerializer(ModelCleanSerializer):
@@ -65,7 +66,13 @@ class ClusterMembershipViewSet(PdplaneModelViewSet):
     ordering_fields = ["created", "id"]
 
     def required_action(self, request):
-        return None if request.method in SAFE_METHODS else MANAGE
+        if request.method in SAFE_METHODS:
+            return None
+        if request.method == "POST" and _for_a_token_only(request):
+            # Narrowing one's own token (validate_token checks it is theirs) needs no more
+            # than seeing the cluster: the token never gets beyond its owner anyway.
+            return READ
+        return MANAGE
 
     def perform_create(self, serializer):
         super().perform_create(serializer)
@@ -74,6 +81,14 @@ class ClusterMembershipViewSet(PdplaneModelViewSet):
     def perform_update(self, serializer):
         super().perform_update(serializer)
         _forget(serializer.instance)
+
+
+def _for_a_token_only(request) -> bool:
+    try:
+        data = request.data
+    except Exception:  # unparsable body: the serializer reports it
+        return False
+    return isinstance(data, dict) and data.get("token") is not None and not data.get("user")
 
 
 def _forget(membership) -> None:

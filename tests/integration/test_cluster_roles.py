@@ -128,6 +128,12 @@ def test_audit_log_is_scoped_to_visible_objects(fleets):
     seen = {(r["object_type"], r["object_id"]) for r in records}
     assert {("topology.node", i) for i in a_nodes} <= seen
     assert not {("topology.node", i) for i in b_nodes} & seen
+    a_record = ChangeRecord.objects.filter(object_type="topology.node",
+                                           object_id__in=a_nodes).first()
+    b_record = ChangeRecord.objects.filter(object_type="topology.node",
+                                           object_id__in=b_nodes).first()
+    assert session(viewer).get(f"/api/v1/audit/{a_record.pk}/").status_code == 200
+    assert session(viewer).get(f"/api/v1/audit/{b_record.pk}/").status_code == 404
 
 
 # --- API: actions and writes ----------------------------------------------------------------
@@ -284,6 +290,14 @@ def test_memberships_api(fleets):
                           {"cluster": a.pk, "token": other_token.pk, "role": "viewer"},
                           format="json")
     assert sneaky.status_code == 400
+    # ...but its owner, a mere viewer or operator of a, may confine it to a.
+    own = session(get_user_model().objects.get(pk=newcomer.pk)).post(
+        "/api/v1/cluster-memberships/",
+        {"cluster": a.pk, "token": other_token.pk, "role": "viewer"}, format="json")
+    assert own.status_code == 201, own.json()
+    confined = APIClient()
+    confined.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert confined.get("/api/v1/nodes/").json()["count"] == 2
     # Viewers and operators of a read the memberships of a but cannot grant.
     op_a = session(get_user_model().objects.get(pk=newcomer.pk))
     listed = op_a.get("/api/v1/cluster-memberships/").json()
