@@ -9,8 +9,8 @@ Every check returns typed :class:`ProtocolError` values; nothing here raises on 
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
-from itertools import pairwise
 from typing import Any
 
 PROTOCOL_VERSION = 1
@@ -358,48 +358,58 @@ def _finite_number(value) -> bool:
     return type(value) in (int, float) and value - value == 0
 
 
+def _ascending_numbers(values: list, strict: bool) -> bool:
+    """Finite numbers in ascending order, checked in C-level passes (reports carry a few
+    hundred bucket values per node): ``sum`` refuses non-numbers and turns NaN or an
+    infinity into a non-finite total; ``map`` over neighbours compares them."""
+    try:
+        if not math.isfinite(sum(values)):
+            return False
+    except TypeError:
+        return False
+    return all(map(operator.lt if strict else operator.le, values, values[1:]))
+
+
 def _check_engine_telemetry(c: _Checker, eng: dict, path: str) -> None:
     counters = eng.get("counters")
     if counters is not None:
-        where = f"{path}.counters"
         if type(counters) is not dict or len(counters) > MAX_ENGINE_COUNTERS:
             c.fail(ErrorCode.BAD_SCHEMA, f"must be an object of at most {MAX_ENGINE_COUNTERS} "
-                   "counters", where)
+                   "counters", f"{path}.counters")
         else:
             for name, value in counters.items():
                 if len(name) > 64 or not _finite_number(value) or not 0 <= value <= BIG:
                     c.fail(ErrorCode.OUT_OF_RANGE, "must be a finite number ≥ 0",
-                           f"{where}.{name[:64]}")
+                           f"{path}.counters.{name[:64]}")
     hists = eng.get("histograms")
     if hists is None:
         return
-    where = f"{path}.histograms"
     if type(hists) is not dict or len(hists) > MAX_ENGINE_HISTOGRAMS:
         c.fail(ErrorCode.BAD_SCHEMA, f"must be an object of at most {MAX_ENGINE_HISTOGRAMS} "
-               "histograms", where)
+               "histograms", f"{path}.histograms")
         return
     for name, h in hists.items():
-        p = f"{where}.{name[:64]}"
         le = h.get("le") if type(h) is dict else None
         counts = h.get("counts") if type(h) is dict else None
+        error = None
         if type(le) is not list or type(counts) is not list or len(name) > 64:
-            c.fail(ErrorCode.BAD_SCHEMA, "must be {le: [bounds], counts: [cumulative], sum}", p)
-            continue
-        if len(le) > MAX_HISTOGRAM_BUCKETS or len(counts) != len(le) + 1:
-            c.fail(ErrorCode.BAD_SCHEMA, f"at most {MAX_HISTOGRAM_BUCKETS} finite bounds and "
-                   "one count per bound plus the +Inf count", p)
-            continue
-        if not all(_finite_number(b) for b in le) or any(a >= b for a, b in pairwise(le)):
-            c.fail(ErrorCode.OUT_OF_RANGE, "bounds must be finite and strictly ascending",
-                   f"{p}.le")
-        elif not all(_finite_number(n) and 0 <= n <= BIG for n in counts) or any(
-            a > b for a, b in pairwise(counts)
-        ):
-            c.fail(ErrorCode.OUT_OF_RANGE, "counts must be cumulative: ≥ 0 and non-decreasing",
-                   f"{p}.counts")
-        total = h.get("sum", 0)
-        if not _finite_number(total):
-            c.fail(ErrorCode.OUT_OF_RANGE, "must be a finite number", f"{p}.sum")
+            error = (ErrorCode.BAD_SCHEMA, "must be {le: [bounds], counts: [cumulative], sum}",
+                     "")
+        elif len(le) > MAX_HISTOGRAM_BUCKETS or len(counts) != len(le) + 1:
+            error = (ErrorCode.BAD_SCHEMA, f"at most {MAX_HISTOGRAM_BUCKETS} finite bounds "
+                     "and one count per bound plus the +Inf count", "")
+        elif not _ascending_numbers(le, strict=True):
+            error = (ErrorCode.OUT_OF_RANGE, "bounds must be finite and strictly ascending",
+                     ".le")
+        elif not _ascending_numbers(counts, strict=False) or not 0 <= counts[0] <= counts[
+            -1
+        ] <= BIG:
+            error = (ErrorCode.OUT_OF_RANGE, "counts must be cumulative: ≥ 0 and "
+                     "non-decreasing", ".counts")
+        elif not _finite_number(h.get("sum", 0)):
+            error = (ErrorCode.OUT_OF_RANGE, "must be a finite number", ".sum")
+        if error is not None:
+            c.fail(error[0], error[1], f"{path}.histograms.{name[:64]}{error[2]}")
 
 
 def validate_report(msg: Any, inventory: Inventory) -> list[ProtocolError]:

@@ -108,7 +108,9 @@ def test_fleet_percentiles_and_rate_from_simulated_engines(tmp_path, settings):
     workers = {eid: 100 + i for i, eid in enumerate(ENGINES)}
     ctx = NodeContext(node_id=1, cluster_id=1, hostname="hist-1", gen=1, interval_s=2.0,
                       workers=dict(workers))
-    collectors = {eid: EngineMetricsCollector(engines[eid]["metrics_url"]) for eid in ENGINES}
+    # Cumulative figures in every report, so both sides' windows are the same two instants.
+    collectors = {eid: EngineMetricsCollector(engines[eid]["metrics_url"], cumulative_every_s=0)
+                  for eid in ENGINES}
     inventory = Inventory(engine_ids=frozenset(ENGINES))
     keys = hotstate.Keys()
     redis = hotstate.sync_redis()

@@ -176,6 +176,13 @@ def test_collector_reports_cumulative_counters_and_buckets_the_protocol_accepts(
     assert "counters" not in bare and "histograms" not in bare
     assert report_histogram({1.0: 2.0}) is None  # no +Inf bucket: not a histogram
 
+    # At most every cumulative_every_s (10 s): the reports in between stay small.
+    text = VLLM_TEXT.format(stop=7.0)
+    timed = EngineMetricsCollector("http://unused/metrics")
+    assert "counters" in timed.parse(text, now=100.0).as_report()
+    assert "counters" not in timed.parse(text, now=104.0).as_report()
+    assert "histograms" in timed.parse(text, now=110.0).as_report()
+
 
 @pytest.mark.parametrize(("field", "value", "path"), [
     ("counters", [1, 2], "counters"),
@@ -194,3 +201,30 @@ def test_bad_counters_and_histograms_get_typed_errors(field, value, path):
     errors = validate_report(msg, Inventory(engine_ids=frozenset({"e0"})))
     assert errors and errors[0].path == f"report.engines[0].{path}"
     assert errors[0].code in ("bad_schema", "out_of_range")
+
+
+def test_prometheus_engine_stats_asks_the_same_quantities_by_role():
+    from controlplane.observability.promread import FleetLatencyReader
+
+    reader = FleetLatencyReader("http://127.0.0.1:9", cache_s=60)
+    asked = []
+
+    def scalar(query):
+        asked.append(query)
+        return 0.25 if "histogram_quantile" in query else 4.0
+
+    reader._scalar = scalar
+    stats = reader.engine_stats("m", 60.0)
+    assert stats.source == "prometheus" and stats.window_s == 60.0
+    assert stats.request_rate == 4.0 and stats.ttft_p95_s == 0.25
+    assert stats.prompt_tokens_mean == 1.0  # rate of _sum ÷ rate of _count
+    rate = next(q for q in asked if "request_success_total" in q)
+    assert 'role=~"decode|both"' in rate and "[60000ms]" in rate and " or " in rate
+    ttft = next(q for q in asked if "time_to_first_token_seconds_bucket" in q)
+    assert "histogram_quantile(0.95, sum by (le)" in ttft or "histogram_quantile(0.5" in ttft
+    assert any('role=~"prefill|both"' in q for q in asked if "request_prompt_tokens" in q)
+    n = len(asked)
+    assert reader.engine_stats("m", 60.0) is stats and len(asked) == n  # cached per cycle
+
+    reader._scalar = lambda query: None  # no requests in the window: no figures
+    assert reader.engine_stats("other", 60.0) is None
