@@ -167,8 +167,12 @@ class FleetEngineStats:
     "no data", never zero. ``source`` is "agents" or "prometheus"."""
 
     source: str
-    window_s: float
+    window_s: float  # the window asked for
     engines: int = 0
+    # Seconds the deltas actually cover (longest engine): shorter than ``window_s`` while
+    # an engine's history is younger than the window (start-up, restart). None from
+    # Prometheus, whose rate() extrapolates to the window.
+    span_s: float | None = None
     request_rate: float | None = None
     prompt_tokens_per_s: float | None = None
     generation_tokens_per_s: float | None = None
@@ -219,7 +223,8 @@ def fleet_stats(engines: Iterable[tuple[str, EngineDelta | None]], window_s: flo
         seconds = max((d.seconds for d in dec), default=0.0)
         rate = gen.count / seconds if seconds > 0 else None
     return FleetEngineStats(
-        source="agents", window_s=window_s, engines=len(deltas), request_rate=rate,
+        source="agents", window_s=window_s, engines=len(deltas),
+        span_s=max((d.seconds for _, d in deltas), default=None), request_rate=rate,
         prompt_tokens_per_s=_rate(pre, PROMPT), generation_tokens_per_s=_rate(dec, GENERATION),
         prompt_tokens_p50=_q(prompt, 0.5), prompt_tokens_p95=_q(prompt, 0.95),
         prompt_tokens_mean=prompt.mean() if prompt else None,

@@ -83,6 +83,7 @@ def test_rates_and_quantiles_over_a_window_with_a_restart():
     d = window_delta(series, 300)
     assert d.seconds == 60
     stats = fleet_stats([("both", d)], 60)
+    assert stats.span_s == 60
     assert stats.request_rate == pytest.approx(5.0)
     assert stats.source == "agents" and stats.engines == 1
     assert 100 <= stats.prompt_tokens_p50 <= stats.prompt_tokens_p95 <= 5000
