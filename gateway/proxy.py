@@ -15,6 +15,8 @@ import aiohttp
 # The P/D request rewriting lives with its engine adapter; re-exported for old callers.
 from .engines.vllm_nixl import REMOTE_DECODE_PARAMS, decode_body, prefill_body  # noqa: F401
 
+# The engine needs none of these; not sending them is less work on both sides.
+SKIP_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding")
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "server",
                "date", "content-encoding"}
 
@@ -60,7 +62,7 @@ class OpenUpstream:
 async def open_upstream(
     session: aiohttp.ClientSession,
     worker_id: str,
-    url: str,
+    url,
     data: bytes,
     headers: dict[str, str],
     *,
@@ -69,7 +71,8 @@ async def open_upstream(
     """POST and wait for the first body chunk. 5xx and transport errors before it raise
     :class:`UpstreamFailure`; 4xx are returned as they are (the request is at fault)."""
     try:
-        response = await session.post(url, data=data, headers=headers, timeout=timeout)
+        response = await session.post(url, data=data, headers=headers, timeout=timeout,
+                                      skip_auto_headers=SKIP_AUTO_HEADERS)
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         raise UpstreamFailure(worker_id, f"connect/send failed: {exc!r}") from exc
     try:
