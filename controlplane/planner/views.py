@@ -6,12 +6,17 @@ from django.contrib.auth.decorators import login_required
 from django.http import JsonResponse
 from django.views.decorators.http import require_http_methods
 
+from controlplane.accounts.access import can_anywhere
+
 from .whatif import WhatIfError, WhatIfQuery, whatif
 
 
 @login_required
 @require_http_methods(["GET", "POST"])
 def whatif_view(request):
+    if not can_anywhere(request.user, "read"):  # hypothetical hardware: any read role will do
+        return JsonResponse({"error": "forbidden", "detail": "your role does not allow 'read'"},
+                            status=403)
     if request.method == "POST":
         try:
             data = json.loads(request.body or b"{}")

@@ -15,7 +15,8 @@ from django.contrib.admin.views.decorators import staff_member_required
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
-from controlplane.topology.models import Cluster, Gateway
+from controlplane.accounts.access import visible_clusters
+from controlplane.topology.models import Gateway
 
 from . import signing
 from .builder import canonical_json
@@ -72,7 +73,8 @@ def table_pull(request, cluster_name: str):
 @require_GET
 def table_diff(request, cluster_name: str):
     """Staff view: the changes between two stored versions (``?from=N&to=M``)."""
-    cluster = Cluster.objects.filter(name=cluster_name).first()
+    # Scoped like the API: a cluster the staff user holds no role on is "no such cluster".
+    cluster = visible_clusters(request.user).filter(name=cluster_name).first()
     if cluster is None:
         return _error(404, "no such cluster")
     versions = RoutingTableVersion.objects.filter(cluster=cluster)
@@ -96,7 +98,8 @@ def table_diff(request, cluster_name: str):
 @require_GET
 def gateway_status(request, cluster_name: str):
     """Staff view: each gateway's applied version, lag, last ACK and last error."""
-    cluster = Cluster.objects.filter(name=cluster_name).first()
+    # Scoped like the API: a cluster the staff user holds no role on is "no such cluster".
+    cluster = visible_clusters(request.user).filter(name=cluster_name).first()
     if cluster is None:
         return _error(404, "no such cluster")
     latest = latest_table(cluster.pk)

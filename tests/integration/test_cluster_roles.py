@@ -327,6 +327,11 @@ def test_pages_show_only_visible_clusters(client, fleets):
     assert client.get(f"/nodes/{a['nodes'][0].pk}/").status_code == 200
     assert client.get(f"/nodes/{b['nodes'][0].pk}/").status_code == 404
     assert client.get("/policies/b/edit").status_code in (403, 404)
+    # The staff-only routing views (the member is staff) and the what-if JSON view.
+    assert client.get("/routing/v1/clusters/a/gateways").status_code == 200
+    assert client.get("/routing/v1/clusters/b/gateways").status_code == 404
+    assert client.get("/routing/v1/clusters/b/diff").status_code == 404
+    assert client.get("/planner/whatif", {"gpu": "H200 SXM"}).status_code == 200
 
 
 def test_page_actions_follow_the_cluster_role(client, fleets):
