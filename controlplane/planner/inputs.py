@@ -17,7 +17,7 @@ from controlplane.topology.models import Cluster, ServedModel
 
 from .calibration import CalibrationBook
 from .costmodel import DEFAULT_PARAMS, Link, ModelSpec, WorkerShape, gpu_profile_for
-from .derive import derive_load, worst_p95
+from .derive import PEAK_DECAY, derive_load, worst_p95
 from .models import OPEN_STATUSES, ModelPlannerState, Plan
 from .placement import NicInput, NodeLinks, WorkerInput
 from .planner import LoadInput, ModelInput
@@ -163,8 +163,20 @@ def gather_cluster(cluster: Cluster) -> ClusterInputs:
                 kv_usage=_num(hs, "kv_usage"),
                 stale=(hs is None or bool(hs.get("stale")) or w.node_id in stale_nodes),
             ))
-        load = _load(sm, state, wstates, {w.pk: w.desired_role for w in workers})
+        roles = {w.pk: w.desired_role for w in workers}
+        load = _load(sm, state, wstates, roles)
         ttft, itl, source = measured_latency(sm, wstates)
+        # The engines' own counters and histograms, merged over one window: the load the
+        # planner predicts for and the fleet p95 it calibrates against come from the same
+        # requests (issue 17, item 3). Old agents send none: the token-rate derivation and
+        # the agents' windowed p95s above stay in force.
+        stats = _fleet_stats(sm.name, roles, float(policy.rebalance_interval_s))
+        if stats is not None and stats.request_rate:
+            load = _load_from_stats(load, stats, state)
+            if stats.ttft_p95_s is not None or stats.itl_p95_s is not None:
+                ttft = stats.ttft_p95_s if stats.ttft_p95_s is not None else ttft
+                itl = stats.itl_p95_s if stats.itl_p95_s is not None else itl
+                source = f"fleet histograms ({stats.source}, {stats.window_s:g} s)"
         measured[sm.pk] = (ttft, itl, source)
         # The overload rule reads the measured p95s too (ms; None = unknown).
         load = replace(
@@ -205,4 +217,37 @@ def _load(sm, state: ModelPlannerState, wstates: list[dict], roles: dict) -> Loa
         rate_rps=d.rate_rps, peak_rps=d.peak_rps, isl_mean=d.isl_mean, isl_p95=None,
         osl_mean=d.osl_mean, prefix_hit=d.prefix_hit, inflight=d.inflight,
         inflight_peak=d.inflight,
+    )
+
+
+def _fleet_stats(name: str, roles: dict, window_s: float):
+    try:
+        from controlplane.telemetry.enginestats import fleet_engine_stats
+    except ImportError:  # pragma: no cover - telemetry without engine stats
+        return None
+    try:
+        return fleet_engine_stats(name, roles, window_s=max(window_s, 10.0))
+    except Exception as exc:  # no engine stats must never stop planning
+        log.warning("engine stats for %s unavailable: %s", name, exc)
+        return None
+
+
+def _load_from_stats(load: LoadInput, stats, state: ModelPlannerState) -> LoadInput:
+    """Rate from the finished-request counters; prompt and answer lengths (mean, p50, p95)
+    from the per-request token histograms, all over the same window."""
+    rate = float(stats.request_rate)
+    isl = stats.prompt_tokens_mean
+    if isl is None and stats.prompt_tokens_per_s is not None:
+        isl = stats.prompt_tokens_per_s / rate
+    osl = stats.generation_tokens_mean
+    if osl is None and stats.generation_tokens_per_s is not None:
+        osl = stats.generation_tokens_per_s / rate
+    peak = max(rate, state.peak_rps * PEAK_DECAY)
+    state.peak_rps = peak
+    return replace(
+        load, rate_rps=rate, peak_rps=peak,
+        isl_mean=isl if isl is not None else load.isl_mean,
+        isl_p50=stats.prompt_tokens_p50, isl_p95=stats.prompt_tokens_p95,
+        osl_mean=osl if osl is not None else load.osl_mean,
+        osl_p95=stats.generation_tokens_p95,
     )
