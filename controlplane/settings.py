@@ -259,6 +259,9 @@ SPECTACULAR_SETTINGS = {
         "NodeStatusEnum": "controlplane.topology.choices.NodeStatus",
     },
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+    # One tag per resource, with descriptions (controlplane.api.schema.TAGS).
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
+                             "controlplane.api.schema.add_tag_descriptions"],
 }
 
 LOGGING = {

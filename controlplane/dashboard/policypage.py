@@ -20,11 +20,42 @@ from controlplane.policies.effective import POLICY_FIELDS, PolicyError
 from controlplane.policies.models import Policy, effective_policy_for
 from controlplane.topology.models import Cluster, ServedModel
 
+from .policymeta import SOURCES, describe, format_value
+
+INHERIT = [("", "inherit")]
+
 
 class PolicyForm(forms.ModelForm):
     class Meta:
         model = Policy
         fields = list(POLICY_FIELDS)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name, field in self.fields.items():
+            meta = describe(Policy, name)
+            field.label = meta["label"] + (f" ({meta['unit']})" if meta["unit"] else "")
+            field.help_text = meta["description"]
+            if isinstance(field, forms.NullBooleanField):
+                # Django's default says "Unknown"; for a policy layer it means "inherit".
+                field.widget = forms.Select(choices=[("unknown", "inherit"), ("true", "on"),
+                                                     ("false", "off")])
+            elif isinstance(field, forms.TypedChoiceField | forms.ChoiceField):
+                field.choices = INHERIT + [c for c in field.choices if c[0] != ""]
+            elif hasattr(field.widget, "attrs"):
+                field.widget.attrs.setdefault("placeholder", "inherit")
+
+
+def _rows(policy, sources) -> list[dict]:
+    """Settings grouped by section, each with its unit-formatted value and source."""
+    sections: dict[str, list] = {}
+    for name in POLICY_FIELDS:
+        meta = describe(Policy, name)
+        sections.setdefault(meta["section"], []).append({
+            **meta, "name": name, "value": format_value(getattr(policy, name), meta["unit"]),
+            "source": sources[name], "source_label": SOURCES.get(sources[name], sources[name]),
+        })
+    return list(sections.items())
 
 
 @login_required
@@ -38,7 +69,7 @@ def policies_view(request):
         for model in cluster.served_models.all():
             try:
                 policy, sources = effective_policy_for(model)
-                values = [(f, getattr(policy, f), sources[f]) for f in POLICY_FIELDS]
+                values = _rows(policy, sources)
                 error = ""
             except PolicyError as exc:
                 values, error = [], str(exc)

@@ -10,6 +10,14 @@ class PlanAdmin(admin.ModelAdmin):
     list_filter = ("status", "cluster")
     readonly_fields = ("inputs", "predictions", "chosen", "diff", "explanation")
 
+    # Derived records (the planner / the table builder write them): viewable, never added
+    # or edited by hand — approve or reject plans in the dashboard or the API.
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
 
 @admin.register(ModelPlannerState)
 class ModelPlannerStateAdmin(admin.ModelAdmin):

@@ -12,6 +12,14 @@ class RoutingTableVersionAdmin(admin.ModelAdmin):
     search_fields = ["cause", "actor"]
     readonly_fields = ["cluster", "version", "body", "content_sha", "cause", "actor", "created"]
 
+    # Derived records (the planner / the table builder write them): viewable, never added
+    # or edited by hand — approve or reject plans in the dashboard or the API.
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
     @admin.display(description="sha")
     def short_sha(self, obj):
         return obj.content_sha[:12]

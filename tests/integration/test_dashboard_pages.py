@@ -172,7 +172,9 @@ def test_policies_page_shows_sources_and_operators_edit_with_inline_errors(clien
     assert ok.status_code == 302
     assert Policy.objects.get(served_model=model).ttft_p95_ms == 800
     page = client.get("/policies/").content.decode()
-    assert '<tr class="src-model"><td>ttft_p95_ms</td><td>800.0</td>' in page
+    assert ('<tr class="src-model"><td>TTFT target (p95) <code class="key">ttft_p95_ms</code>'
+            '</td><td class="val">800 ms</td><td>model override</td>') in page
+    assert "Unknown" not in client.get(edit_url).content.decode()
 
 
 def test_applied_role_changes_appear_on_the_models_timeline(client, fleet):
