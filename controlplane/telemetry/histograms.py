@@ -49,9 +49,6 @@ class Histogram:
         return cls(tuple(float(b) for b in data["le"]), tuple(float(n) for n in data["counts"]),
                    float(data.get("sum") or 0.0))
 
-    def as_report(self) -> dict:
-        return {"le": list(self.le), "counts": list(self.counts), "sum": self.sum}
-
     @property
     def count(self) -> float:
         return self.counts[-1] if self.counts else 0.0
@@ -96,25 +93,13 @@ def merge(histograms: Iterable[Histogram]) -> Histogram | None:
 
 @dataclass(frozen=True)
 class EngineSnapshot:
-    """One engine's cumulative counters and histograms at time ``t`` (agent clock, s)."""
+    """One engine's cumulative counters and histograms at time ``t`` (agent clock, s).
+
+    Stored as ``{"t": …, "c": {counter: value}, "h": {name: {"le", "counts", "sum"}}}``."""
 
     t: float
     counters: Mapping[str, float] = field(default_factory=dict)
     histograms: Mapping[str, Histogram] = field(default_factory=dict)
-
-    @classmethod
-    def from_report(cls, t: float, engine: Mapping) -> EngineSnapshot | None:
-        """From an engine entry of a validated report; None when it carries neither."""
-        counters = engine.get("counters") or {}
-        hists = engine.get("histograms") or {}
-        if not counters and not hists:
-            return None
-        return cls(float(t), {k: float(v) for k, v in counters.items()},
-                   {k: Histogram.from_report(v) for k, v in hists.items()})
-
-    def as_json(self) -> dict:
-        return {"t": self.t, "c": dict(self.counters),
-                "h": {k: h.as_report() for k, h in self.histograms.items()}}
 
     @classmethod
     def from_json(cls, data: Mapping) -> EngineSnapshot:

@@ -82,6 +82,13 @@ class Load(threading.Thread):
         self.api_urls, self.stop, self.sent = api_urls, threading.Event(), []
         self.rng = random.Random(5)
 
+    def send(self, url, body):
+        try:
+            post(url, body)
+        except OSError:  # the fleet stopped under a request still in flight
+            if not self.stop.is_set():
+                raise
+
     def run(self):
         start = time.monotonic()
         k = 0
@@ -94,7 +101,7 @@ class Load(threading.Thread):
                                                        for _ in range(max(words, 4))),
                     "max_tokens": self.rng.choice([4, 16, 64, 128])}
             url = self.rng.choice(self.api_urls) + "/v1/completions"
-            threading.Thread(target=post, args=(url, body), daemon=True).start()
+            threading.Thread(target=self.send, args=(url, body), daemon=True).start()
             self.sent.append(time.monotonic())
             k += 1
 
