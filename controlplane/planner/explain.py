@@ -101,6 +101,8 @@ def explain_decision(d: ModelDecision) -> str:
         + f" ({obs.prefix_hit:.0%} cached), answers {obs.osl_mean:,.0f}; targets TTFT p95 "
         f"{secs(obs.ttft_target_ms / 1000)}, ITL p95 {secs(obs.itl_target_ms / 1000)}."
     )
+    if obs.gpu_estimate:  # the figures below rest on a guessed GPU profile: say so first
+        head += f" Estimated GPU profile: {obs.gpu_estimate}."
     if d.reason == "fail-static":
         return f"{head} No change: fail-static — " + "; ".join(d.notes) + "."
     if d.reason in _HOLDS:

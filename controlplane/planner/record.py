@@ -108,6 +108,7 @@ class Observation:
     gpu: str
     tp: int
     move: MoveProgress | None = None  # set while a move is under way
+    gpu_estimate: str = ""  # why the GPU profile is an estimate ("" when catalogued)
 
 
 @dataclass(frozen=True)

@@ -224,6 +224,7 @@ def observe(inp: ModelInput, now: float, settings: PlannerSettings) -> Observati
         measured_itl_p95_ms=load.measured_itl_p95_ms,
         ttft_target_ms=pol.ttft_p95_ms, itl_target_ms=pol.itl_p95_ms,
         gpu=inp.shape.gpu.name, tp=inp.shape.tp, move=move,
+        gpu_estimate=getattr(inp.shape.gpu, "estimate_reason", "") or "",
     )
 
 

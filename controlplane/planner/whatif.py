@@ -23,6 +23,8 @@ from .explain import gbytes, secs
 from .placement import NicInput, NodeLinks, Topology, WorkerInput
 from .planner import LoadInput, ModelInput, predict, workload_for
 
+KV_PATHS = ("auto", "nvlink", "pcie", "nic")
+
 
 class WhatIfError(ValueError):
     def __init__(self, errors: dict[str, str]):
@@ -55,7 +57,16 @@ class WhatIfQuery:
     rate_rps: float = 1.0
     ttft_slo_ms: float = 2500
     itl_slo_ms: float = 50
-    inflight_peak: int = 0
+    inflight_peak: int = 0  # 0: unknown, the KV check uses each layout's preemption risk
+    # Prompt-length spread: p50 and p95 (0 = unknown; with only the mean, every prompt is
+    # taken to be that long and the tail that sets TTFT p95 is invisible).
+    isl_p50: float = 0
+    isl_p95: float = 0
+    # The KV path between the prefill and decode pools: "auto" (placement picks NVLink,
+    # PCIe or the NIC), or every transfer over "nvlink", "pcie" or "nic"; kv_link_gbps
+    # overrides that path's rate (Gb/s; 0 = from the hardware fields above).
+    kv_path: str = "auto"
+    kv_link_gbps: float = 0
 
     @classmethod
     def from_dict(cls, data: dict) -> WhatIfQuery:
@@ -109,6 +120,17 @@ class WhatIfQuery:
             e["nvlink_group_size"] = "must not be negative"
         if self.pcie_generation not in (3, 4, 5, 6):
             e["pcie_generation"] = "must be 3, 4, 5 or 6"
+        if self.kv_path not in KV_PATHS:
+            e["kv_path"] = "must be one of " + ", ".join(KV_PATHS)
+        if self.kv_link_gbps < 0:
+            e["kv_link_gbps"] = "must not be negative"
+        for name in ("isl_p50", "isl_p95"):
+            if getattr(self, name) < 0:
+                e[name] = "must not be negative"
+        if self.isl_p95 and self.isl_p95 < self.isl:
+            e["isl_p95"] = "must be at least the mean prompt length (isl)"
+        if self.isl_p50 and self.isl_p95 and self.isl_p50 > self.isl_p95:
+            e["isl_p50"] = "must not exceed isl_p95"
         return e
 
 
@@ -120,6 +142,8 @@ class WhatIfAnswer:
     arithmetic: list[str] = field(default_factory=list)
     explanation: str = ""
     gpu_estimate: str = ""  # why the GPU's profile is estimated; "" when it is catalogued
+    # Why no layout (or the shape itself) works, binding constraint first; [] when feasible.
+    infeasible: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return {
@@ -129,6 +153,7 @@ class WhatIfAnswer:
             "arithmetic": self.arithmetic,
             "explanation": self.explanation,
             "gpu_estimate": self.gpu_estimate,
+            "infeasible": self.infeasible,
         }
 
 
@@ -146,18 +171,20 @@ def whatif(q: WhatIfQuery) -> WhatIfAnswer:
     workers = []
     per_node = q.gpus_per_node // q.tp
     links = {}
+    group_size = q.nvlink_group_size
+    if q.kv_path == "nvlink":
+        group_size = q.gpus_per_node  # every transfer inside one NVLink domain
+    elif q.kv_path in ("pcie", "nic"):
+        group_size = 0
     for n in range(q.nodes):
         node = f"node-{n}"
-        nvl = Link.nvlink(gpu.nvlink_gbs or 450) if q.nvlink_group_size > 1 else None
-        links[node] = NodeLinks(
-            Link.pcie(q.pcie_generation, 16), nvl, (NicInput("net", q.nic_gbps, q.rdma),)
-        )
+        links[node] = _node_links(q, gpu, group_size)
         for k in range(per_node):
-            group = (k * q.tp) // q.nvlink_group_size if q.nvlink_group_size > 1 else None
+            group = (k * q.tp) // group_size if group_size > 1 else None
             workers.append(WorkerInput(len(workers), f"{node}/w{k}", node, group))
     policy = EffectivePolicy(ttft_p95_ms=q.ttft_slo_ms, itl_p95_ms=q.itl_slo_ms)
-    load = LoadInput(q.rate_rps, q.rate_rps, q.isl, None, q.osl, q.prefix_hit,
-                     q.inflight_peak, q.inflight_peak)
+    load = LoadInput(q.rate_rps, q.rate_rps, q.isl, q.isl_p95 or None, q.osl, q.prefix_hit,
+                     q.inflight_peak, q.inflight_peak, isl_p50=q.isl_p50 or None)
     inp = ModelInput(0, model, WorkerShape(gpu, q.tp), tuple(workers), load, policy, links)
     w = workload_for(load, policy, q.rate_rps)
     topo = Topology(workers, links)
@@ -166,22 +193,71 @@ def whatif(q: WhatIfQuery) -> WhatIfAnswer:
     rows = []
     for p in preds:
         row = p.as_dict()
-        room = p.kv_capacity_seqs
-        row["holds_inflight_peak"] = peak <= room
+        # Known peak: it must fit the decode pool; unknown: the predicted KV occupancy must
+        # not risk preemption (the cost model's tail of the decode pool's held tokens).
+        row["holds_inflight_peak"] = (peak <= p.kv_capacity_seqs if peak > 0
+                                      else p.fits and p.preempt_risk < 0.05)
         rows.append(row)
     ok = [p for p, r in zip(preds, rows, strict=True) if r["holds_inflight_peak"]] or preds
     best = max(ok, key=lambda p: (round(p.goodput_rps, 6), p.capacity_rps, -p.n_prefill))
     arith = _arithmetic(q, model, gpu, w)
     agg = preds[0]
+    infeasible = _infeasible(q, model, gpu, w, preds, best, policy.attainment)
     expl = (
         f"Best: {best.layout} — goodput {best.goodput_rps:,.2f} of {q.rate_rps:,.2f} req/s "
         f"({best.goodput_per_gpu:,.3f} per GPU); TTFT p95 {secs(best.ttft_p95_s)}, ITL p95 "
         f"{secs(best.itl_p95_s)}. Aggregated: goodput {agg.goodput_rps:,.2f} req/s, TTFT p95 "
         f"{secs(agg.ttft_p95_s)}, ITL p95 {secs(agg.itl_p95_s)}."
     )
+    if infeasible:  # the binding reason leads; the table below is only the detail
+        lead = "No layout meets the targets: " + "; ".join(infeasible) + "."
+        expl = lead if not best.fits else f"{lead} {expl}"
     if gpu.estimate:  # an unknown GPU: say so first, the figures below rest on a guess
         expl = f"Estimated GPU profile: {gpu.estimate_reason}. {expl}"
-    return WhatIfAnswer(q, rows, best.layout, arith, expl, gpu.estimate_reason)
+    return WhatIfAnswer(q, rows, best.layout, arith, expl, gpu.estimate_reason, infeasible)
+
+
+def _node_links(q: WhatIfQuery, gpu, group_size: int) -> NodeLinks:
+    """One node's links, shaped by the chosen KV path."""
+    override = q.kv_link_gbps / 8.0 if q.kv_link_gbps > 0 else 0.0
+    nic_rate = q.kv_link_gbps if q.kv_path == "nic" and q.kv_link_gbps > 0 else q.nic_gbps
+    nics = (NicInput("net", nic_rate, q.rdma),)
+    pcie = Link.pcie(q.pcie_generation, 16)
+    if q.kv_path == "pcie" and override:
+        pcie = Link("pcie", override, f"PCIe {override:g} GB/s")
+    if q.kv_path == "nic":
+        # Every transfer takes the NIC, also between GPUs of one node.
+        pcie = Link.nic(nic_rate, q.rdma)
+    nvl = None
+    if group_size > 1:
+        rate = override if q.kv_path == "nvlink" and override else (gpu.nvlink_gbs or 450)
+        nvl = Link.nvlink(rate)
+    return NodeLinks(pcie, nvl, nics)
+
+
+def _infeasible(q: WhatIfQuery, model: ModelSpec, gpu, w, preds, best, attainment) -> list[str]:
+    """The constraints that bind, most basic first: the shape, the weights, the decode
+    floor, then the best layout's own bottleneck."""
+    out = []
+    idle = q.gpus_per_node % q.tp
+    if idle:
+        out.append(f"TP{q.tp} leaves {idle} of {q.gpus_per_node} GPUs per node idle "
+                   f"({q.gpus_per_node // q.tp} workers of {q.tp} GPUs each)")
+    if kv_capacity_tokens(model, gpu, q.tp) <= 0:
+        per_gpu = model.weight_bytes / q.tp / 1e9
+        usable = (gpu.memory_bytes * gpu.gpu_memory_utilization - gpu.activation_bytes) / 1e9
+        out.append(f"the weights do not fit: {per_gpu:,.1f} GB per GPU at TP{q.tp} against "
+                   f"{usable:,.1f} GB usable on a {gpu.name}")
+        return out
+    floor = Timing.of(model, gpu, q.tp).step(1, w.context_mean)
+    if floor > q.itl_slo_ms / 1000:
+        out.append(f"the ITL target {secs(q.itl_slo_ms / 1000)} is below the batch-1 decode "
+                   f"step ({secs(floor)} at TP{q.tp} on a {gpu.name}): no layout can meet it")
+    if not any(p.fits and not p.overloaded and p.attainment >= attainment for p in preds):
+        why = "the weights do not fit" if not best.fits else best.bottleneck
+        out.append(f"at {q.rate_rps:,.2f} req/s even the best layout, {best.layout}, keeps only "
+                   f"{best.attainment:.0%} within targets (binding: {why})")
+    return out
 
 
 def _arithmetic(q: WhatIfQuery, model: ModelSpec, gpu, w) -> list[str]:

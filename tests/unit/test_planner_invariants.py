@@ -224,3 +224,46 @@ def test_a_move_under_way_is_re_decided_every_cycle_with_a_reason(done, rate, is
         if d.action == "change" and d.target.n_prefill == 10:
             hold, target = hold_and_target_scores(make_input(workers, links, load, mem), 10)
             assert target >= hold
+
+
+# --- What-if: what operators know (issue 16, item 5) --------------------------------------
+
+
+def test_whatif_prompt_p95_changes_the_answer():
+    from controlplane.planner.whatif import WhatIfQuery, whatif
+
+    flat = whatif(WhatIfQuery(gpu="H200 NVL", nodes=4, rate_rps=20, isl=2000))
+    tail = whatif(WhatIfQuery(gpu="H200 NVL", nodes=4, rate_rps=20, isl=2000, isl_p50=1200,
+                              isl_p95=8000))
+    assert tail.candidates[0]["ttft_p95_s"] > 2 * flat.candidates[0]["ttft_p95_s"]
+
+
+def test_whatif_kv_path_field_prices_the_transfer():
+    from controlplane.planner.whatif import WhatIfError, WhatIfQuery, whatif
+
+    fast = whatif(WhatIfQuery(gpu="H200 NVL", nodes=2, rate_rps=10, kv_path="nvlink"))
+    slow = whatif(WhatIfQuery(gpu="H200 NVL", nodes=2, rate_rps=10, kv_path="nic",
+                              kv_link_gbps=25))
+    # 2P:14D puts one prefill worker per node: NVLink keeps KV local, the NIC path does not.
+    assert slow.candidates[2]["transfer_s"] > 20 * fast.candidates[2]["transfer_s"]
+    try:
+        WhatIfQuery.from_dict({"kv_path": "carrier pigeon"})
+    except WhatIfError as err:
+        assert "kv_path" in err.errors
+    else:  # pragma: no cover
+        raise AssertionError("bad kv_path accepted")
+
+
+def test_whatif_infeasible_shapes_lead_with_the_binding_reason():
+    from controlplane.planner.whatif import WhatIfQuery, whatif
+
+    idle = whatif(WhatIfQuery(gpu="H200 NVL", tp=3, rate_rps=1))
+    assert idle.explanation.startswith("No layout meets the targets: TP3 leaves 2 of 8 GPUs")
+    heavy = whatif(WhatIfQuery(gpu="L4", tp=1, rate_rps=1))
+    assert heavy.explanation.startswith("No layout meets the targets: the weights do not fit")
+    assert "Best:" not in heavy.explanation
+    floor = whatif(WhatIfQuery(gpu="H200 NVL", rate_rps=1, itl_slo_ms=2))
+    assert "below the batch-1 decode step" in floor.infeasible[0]
+    assert floor.explanation.startswith("No layout meets the targets")
+    ok = whatif(WhatIfQuery(gpu="H200 NVL", nodes=4, rate_rps=2))
+    assert ok.infeasible == [] and ok.explanation.startswith("Best:")
