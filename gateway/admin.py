@@ -166,6 +166,8 @@ class AdminAPI:
             return self._refuse_push(422, "nack", "not_json", f"body is not JSON: {exc}")
         result = self.store.apply(table)
         self.metrics.child(self.metrics.table_updates, result.outcome, "push").inc()
+        if result.outcome == "ack" and self.peers is not None:
+            self.peers.table(raw)
         return web.json_response(result.as_dict(), status=result.http_status)
 
     async def admin_get_table(self, request: web.Request) -> web.Response:

@@ -32,6 +32,7 @@ from .engines import handshake_for
 from .kv_subscriber import KvEventSubscriber
 from .metrics import GatewayMetrics
 from .pairs import PairHealth
+from .peers import PeerBus
 from .prefix_index import (
     CHARS_PER_TOKEN,
     AllBlocksCleared,
@@ -74,6 +75,8 @@ class Reservation:
     def add_prefill(self, worker_id: str, blocks: float) -> None:
         self.gw.loads[worker_id].prefill_blocks += blocks
         self.prefill.append((worker_id, blocks))
+        if self.gw.peers is not None:  # sibling gateway processes see it too
+            self.gw.peers.load(worker_id, blocks, 0.0, 0)
 
     def add_decode(self, worker_id: str, blocks: float) -> None:
         load = self.gw.loads[worker_id]
@@ -81,11 +84,15 @@ class Reservation:
         load.in_flight += 1
         self.gw.metrics.child(self.gw.metrics.in_flight, worker_id).set(load.in_flight)
         self.decode.append((worker_id, blocks))
+        if self.gw.peers is not None:
+            self.gw.peers.load(worker_id, 0.0, blocks, 1)
 
     def prefill_done(self) -> None:
         for worker_id, blocks in self.prefill:
             load = self.gw.loads[worker_id]
             load.prefill_blocks = max(load.prefill_blocks - blocks, 0.0)
+            if self.gw.peers is not None:
+                self.gw.peers.load(worker_id, -blocks, 0.0, 0)
         self.prefill.clear()
 
     def release(self) -> None:
@@ -95,6 +102,8 @@ class Reservation:
             load.decode_blocks = max(load.decode_blocks - blocks, 0.0)
             load.in_flight = max(load.in_flight - 1, 0)
             self.gw.metrics.child(self.gw.metrics.in_flight, worker_id).set(load.in_flight)
+            if self.gw.peers is not None:
+                self.gw.peers.load(worker_id, 0.0, -blocks, -1)
         self.decode.clear()
 
 
@@ -119,6 +128,7 @@ class Gateway(AdminAPI):
                                                 seed=config.seed)
         self.session: aiohttp.ClientSession | None = None
         self.subscriber: KvEventSubscriber | None = None
+        self.peers: PeerBus | None = None
         self.pull_etag: str | None = None
         self.last_pull_error = ""
         self._tasks: list[asyncio.Task] = []
@@ -170,6 +180,23 @@ class Gateway(AdminAPI):
             self._table_changed(self.store.current)
         if self.config.control_plane_url:
             self._tasks.append(asyncio.create_task(self._pull_loop()))
+        if self.config.workers > 1:
+            self.peers = PeerBus(self.config.worker_index, self.config.workers,
+                                 self.config.port, loads=self.loads,
+                                 on_route=self._peer_route, on_table=self._peer_table)
+            await self.peers.start()
+
+    def _peer_route(self, model: str, worker: str, hashes: list[bytes]) -> None:
+        self.approx.record(model, hashes, worker, time.monotonic())
+
+    def _peer_table(self, raw: bytes) -> None:
+        """A sibling process received a pushed table: apply it here too (one push reaches
+        one process of the SO_REUSEPORT group)."""
+        try:
+            result = self.store.apply(orjson.loads(raw))
+        except orjson.JSONDecodeError:
+            return
+        self.metrics.child(self.metrics.table_updates, result.outcome, "peer").inc()
 
     async def _cleanup(self, app: web.Application) -> None:
         for task in self._tasks:
@@ -179,6 +206,8 @@ class Gateway(AdminAPI):
                 await task  # it was cancelled: its ending is expected
         if self.subscriber:
             await self.subscriber.close()
+        if self.peers is not None:
+            await self.peers.close()
         if self.session:
             await self.session.close()
 
@@ -602,6 +631,10 @@ class Gateway(AdminAPI):
             self.approx.record(model.name, hashes, plan.decode, now)
             if plan.prefill:
                 self.approx.record(model.name, hashes, plan.prefill, now)
+            if self.peers is not None:
+                self.peers.route(model.name, plan.decode, hashes)
+                if plan.prefill:
+                    self.peers.route(model.name, plan.prefill, hashes)
         if self.subscriber is not None and prompt["tokens"] - plan.cached_tokens >= \
                 model.block_size:
             # At least one uncached block: the engine will store it and publish an event.

@@ -4,6 +4,7 @@ Examples::
 
     python -m gateway --port 8080 --table table.json --admin-secret s3cret
     python -m gateway --config gateway.toml
+    python -m gateway --port 8080 --table table.json --workers 2   # two processes, one port
     PDPLANE_GATEWAY_SECRET=… python -m gateway --control-plane http://cp:8000 \
         --cluster c1 --gateway-name gw1 --state-file /var/lib/pdplane/table.json
 """
@@ -13,7 +14,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import signal
+import subprocess
 import sys
+import time
 
 from aiohttp import web
 
@@ -55,6 +60,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "given, else aggregated)")
     p.add_argument("--local-prefill-max-tokens", type=int, default=512)
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--workers", type=int,
+                   help="gateway processes sharing the port (SO_REUSEPORT) and their load "
+                   "and prefix knowledge (default 1)")
     p.add_argument("--seed", type=int)
     p.add_argument("--log-level")
     p.add_argument("--access-log", action="store_const", const=True)
@@ -76,6 +84,12 @@ def main(argv: list[str] | None = None) -> int:
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if config.workers > 1:
+        index = os.environ.get(WORKER_INDEX_ENV)
+        if index is None:
+            return _supervise(config.workers, sys.argv[1:] if argv is None else argv)
+        config.worker_index = int(index)
+        config.validate()
     try:
         import uvloop
 
@@ -94,11 +108,44 @@ def main(argv: list[str] | None = None) -> int:
         port=config.port,
         access_log=logging.getLogger("gateway.access") if config.access_log else None,
         handler_cancellation=True,  # a client that disconnects cancels the upstream call
+        reuse_port=config.workers > 1 or None,
         print=lambda *a: logging.getLogger("gateway").warning(
             "pdplane gateway listening on http://%s:%d", config.host, config.port
         ),
     )
     return 0
+
+
+WORKER_INDEX_ENV = "PDPLANE_GATEWAY_WORKER_INDEX"
+
+
+def _supervise(count: int, argv: list[str]) -> int:
+    """Run ``count`` gateway processes with the same arguments on one port; stop them all
+    when told to stop or when one of them dies."""
+    children = [
+        subprocess.Popen([sys.executable, "-m", "gateway", *argv],
+                         env={**os.environ, WORKER_INDEX_ENV: str(i)})
+        for i in range(count)
+    ]
+
+    def stop(*_):
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        while all(child.poll() is None for child in children):
+            time.sleep(0.2)
+    finally:
+        stop()
+        for child in children:
+            try:
+                child.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+    return max((child.returncode or 0) for child in children)
 
 
 def _static_table(args: argparse.Namespace) -> dict | None:

@@ -52,6 +52,10 @@ class GatewayConfig:
     decision_log_sample: float = 0.05
     tokenize_via_engine: bool = False
     seed: int | None = None
+    # Gateway processes sharing the port (SO_REUSEPORT) and their routing state; the
+    # index is set for each child by the supervisor (PDPLANE_GATEWAY_WORKER_INDEX).
+    workers: int = 1
+    worker_index: int = 0
     log_level: str = "WARNING"
     access_log: bool = False
 
@@ -64,6 +68,8 @@ class GatewayConfig:
             raise GatewayConfigError("pulling from the control plane needs an admin secret")
         if not 0 <= self.decision_log_sample <= 1:
             raise GatewayConfigError("decision_log_sample must be within 0–1")
+        if not 1 <= self.workers <= 64 or not 0 <= self.worker_index < self.workers:
+            raise GatewayConfigError("workers must be 1–64 (worker_index below it)")
         if self.max_attempts < 1:
             raise GatewayConfigError("max_attempts must be ≥ 1")
         if self.max_table_bytes < 1024:

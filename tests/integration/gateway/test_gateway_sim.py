@@ -253,3 +253,31 @@ def test_dead_prefill_engine_fails_its_pair_not_the_clients(sim_fleet, gateway_p
             break
         time.sleep(0.2)
     assert state == "healthy", json.dumps(gw.admin_table()["pd_pairs"])
+
+
+def test_two_gateway_processes_share_prefixes_and_tables(sim_fleet, gateway_process,
+                                                         tmp_path):
+    """--workers 2: two processes on one port (SO_REUSEPORT). A prefix one of them routed
+    is followed by the other; a table pushed to one is applied by both."""
+    fleet = sim_fleet([("a", "both"), ("b", "both")])
+    table = table_from_sim_endpoints(fleet.endpoints)
+    table["cluster"] = "c1"
+    gw = gateway_process("--table", write_json(tmp_path / "t.json", table), "--workers", "2",
+                         "--cluster", "c1")
+    time.sleep(1.0)  # both processes up and their bus connected
+    shared = prompt(400, seed=5)
+    first = completion(gw, shared + " zero", max_tokens=2)[1]["X-Pdplane-Worker"]
+    # Each urllib request is a new connection: the kernel spreads them over both processes.
+    workers = {completion(gw, shared + f" tail {i}", max_tokens=2)[1]["X-Pdplane-Worker"]
+               for i in range(10)}
+    assert workers == {first}
+    table["version"] = 2
+    status, body = gw.put_table(table)
+    assert status == 200, body
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        versions = {gw.wait_health()["table_version"] for _ in range(10)}
+        if versions == {2}:
+            break
+        time.sleep(0.2)
+    assert versions == {2}
