@@ -51,7 +51,8 @@ def token_list(request):
     return render(
         request,
         "accounts/token_list.html",
-        {"form": form, "tokens": tokens, "new_token": new_token, "role": role_of(request.user)},
+        {"form": form, "tokens": tokens, "new_token": new_token, "role": role_of(request.user),
+         "memberships": request.user.cluster_memberships.select_related("cluster")},
     )
 
 

@@ -503,6 +503,7 @@ def test_token_page_for_a_cluster_member(client):
     user = member("viewer-w")
     access.set_cluster_role(Cluster.objects.create(name="w"), "viewer", user=user)
     client.force_login(user)
-    assert client.get("/accounts/tokens/").status_code == 200
+    page = client.get("/accounts/tokens/")
+    assert page.status_code == 200 and "<strong>viewer</strong> on w" in page.content.decode()
     client.force_login(make_user(None, "nobody"))
     assert client.get("/accounts/tokens/").status_code == 403
