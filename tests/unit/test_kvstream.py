@@ -303,3 +303,24 @@ async def _agent_scenario():
     finally:
         sub.stop()
         await pub.close()
+
+
+def test_a_stalled_worker_is_routed_on_the_approximate_index_only():
+    """The gateway ignores a stalled worker's precise entries (they may be stale)."""
+    from gateway.app import create_app
+    from gateway.config import GatewayConfig
+
+    gateway, _ = create_app(GatewayConfig(kv_events=False))
+    assert gateway.store.apply(static_table("m", [{"url": "http://a:1", "id": "a"},
+                                                  {"url": "http://b:1", "id": "b"}]))
+    model = gateway.store.current.models["m"]
+    tokens = list(range(64))
+    index = gateway.precise.setdefault("m", PreciseIndex())
+    index.apply("a", [BlockStored((1, 2, 3, 4), None, tuple(tokens), 16)])
+    gateway.subscriber = KvEventSubscriber(lambda *a: None)
+    stream = gateway.subscriber.streams["a"] = KvStream(ListSink())
+    view = asyncio.run(gateway._prompt_view(model, {"prompt": tokens}, chat=False))
+    assert view["cached"].get("a") == 64
+    stream._stall("test")
+    view = asyncio.run(gateway._prompt_view(model, {"prompt": tokens}, chat=False))
+    assert "a" not in view["cached"]
