@@ -308,7 +308,8 @@ ENGINE_REPORT_FIELDS = (
     ("ttft_p95_s", 0, 1e5, False), ("itl_p50_s", 0, 1e5, False), ("itl_p95_s", 0, 1e5, False),
 )
 KV_EVENT_FIELDS = tuple((k, -1, BIG, True) for k in (
-    "blocks", "gaps", "replayed", "lost", "unknown_events", "decode_errors", "last_seq"))
+    "blocks", "gaps", "replayed", "lost", "unknown_events", "decode_errors", "last_seq",
+    "restarts", "strays"))
 NIC_REPORT_FIELDS = (
     ("tx_gbps", 0, 1e5, False), ("rx_gbps", 0, 1e5, False), ("rx_errors", 0, BIG, True),
     ("tx_errors", 0, BIG, True), ("rx_drops", 0, BIG, True), ("tx_drops", 0, BIG, True),
@@ -463,7 +464,7 @@ def validate_report(msg: Any, inventory: Inventory) -> list[ProtocolError]:
                 digest = kv.get("digest")
                 if digest is not None and (type(digest) is not str or len(digest) > 64):
                     c.string(kv, "digest", p, optional=True, max_len=64)
-                for flag in ("connected", "complete"):
+                for flag in ("connected", "complete", "stalled"):
                     value = kv.get(flag)
                     if value is not None and type(value) is not bool:
                         c.boolean(kv, flag, p)
