@@ -140,14 +140,15 @@ def _wait_cdf_inv(p_wait: float, mean_w: float):
     return over
 
 
-def _mixture_p95(fixed: list[float], wait_over) -> float:
-    """x with mean_i P(W + fixed_i > x) = 0.05 (bisection)."""
-    lo, hi = min(fixed), max(fixed)
-    while sum(wait_over(hi - f) for f in fixed) / len(fixed) > 0.05:
-        hi = hi * 2 + 1e-3
-        if hi > 1e7:
-            return math.inf
-    for _ in range(30):
+def _mixture_p95(fixed: list[float], wait_over, wait_p95: float = 0.0) -> float:
+    """x with mean_i P(W + fixed_i > x) = 0.05 (bisection). The answer lies between the
+    largest fixed part alone and that plus the wait's own p95 (P(W > W95) = 5 %)."""
+    if math.isinf(wait_p95):
+        return math.inf
+    lo, hi = min(fixed), max(fixed) + wait_p95 + 1e-9
+    if sum(wait_over(hi - f) for f in fixed) / len(fixed) > 0.05:  # numerical safety
+        return hi
+    for _ in range(18):
         mid = (lo + hi) / 2
         if sum(wait_over(mid - f) for f in fixed) / len(fixed) > 0.05:
             lo = mid
@@ -224,16 +225,23 @@ def predict_aggregated(
     itl_mean = t_d
     services: list[float] = []
     steps: list[list[float]] = []
-    for _ in range(12):
+    # The batch's fixed point is found on the mean prompt (cheap), then every quantile
+    # prompt is priced at that batch.
+    u_mean = w.uncached_mean
+    for it in range(13):
         t_d = timing.step(batch, ctx)
+        final = it == 12
+        lengths = isl_pts if final else (w.isl_mean,)
         services, steps = [], []
-        for length in isl_pts:
+        for length in lengths:
             mine = _chunk_steps(timing, batch, ctx, length * (1 - hit), length * hit, chunk)
             steps.append(mine)
             services.append(sum(mine))
-        mean_s = sum(services) / POINTS
-        mean_n = sum(len(s) for s in steps) / POINTS
+        mean_s = sum(services) / len(lengths)
+        mean_n = sum(len(s) for s in steps) / len(lengths)
         rho_p = r * mean_s
+        if final:
+            break
         if rho_p >= 1:
             break
         mixed = r * mean_n  # mixed steps per second
@@ -242,8 +250,19 @@ def predict_aggregated(
         mixed_mean = mean_s / mean_n if mean_n else t_d
         itl_mean = (1 - f) * t_d + f * mixed_mean
         batch = r * w.osl_mean * itl_mean
+    if len(services) != POINTS:  # stopped early (overloaded): price the quantiles anyway
+        steps = [_chunk_steps(timing, batch, ctx, x * (1 - hit), x * hit, chunk)
+                 for x in isl_pts]
+        services = [sum(x) for x in steps]
     mean_s = sum(services) / POINTS if services else 0.0
-    mean_u = w.uncached_mean
+    rho_p = r * mean_s
+    mean_n = sum(len(x) for x in steps) / POINTS
+    if rho_p < 1 and mean_n:
+        mixed = r * mean_n
+        pure = (1.0 - rho_p) / t_d
+        f = mixed / (mixed + pure) if mixed + pure > 0 else 0.0
+        itl_mean = (1 - f) * t_d + f * (mean_s / mean_n)
+    mean_u = u_mean
     kv_need = batch * w.context_mean + rho_p * w.isl_mean
     kv_used = kv_need / cap_tokens
     util = max(rho_p, kv_used)
@@ -261,7 +280,7 @@ def predict_aggregated(
     # p95 prompt's own prefill (what sets TTFT p95 when nobody waits).
     p95_len = _p95_length(w, isl_pts)
     s95 = _chunked_service(timing, batch, ctx, p95_len * (1 - hit), p95_len * hit, chunk)
-    ttft_p95 = max(_mixture_p95(fixed, over), s95 if mean_u > 0 else 0.0) * k
+    ttft_p95 = max(_mixture_p95(fixed, over, wait.p95_s), s95 if mean_u > 0 else 0.0) * k
     slo_left = w.ttft_slo_s / k
     p_ttft = sum(1.0 - over(slo_left - s) if s < slo_left else 0.0 for s in fixed) / POINTS
     # Token gaps: pure decode steps, and steps carrying a chunk of each quantile's prompt.
@@ -383,10 +402,21 @@ def predict_split(
         if acc >= 0.05:
             break
 
-    def xfer(nbytes: float, i: int) -> float:
-        return transfer_time_s(nbytes, shares[i][1], params) * inflate[i]
+    # Transfer time is affine in the bytes (set-up latency + bytes ÷ rate): one pair of
+    # coefficients per path, so eight quantile prompts cost eight multiply-adds.
+    coef = {}
+    for i in inflate:
+        lat = transfer_time_s(1.0, shares[i][1], params)
+        per_byte = transfer_time_s(2.0, shares[i][1], params) - lat
+        coef[i] = ((lat - per_byte) * inflate[i], per_byte * inflate[i])
 
-    t_pts_mean = [sum(shares[i][0] * xfer(x * kvb, i) for i in inflate) for x in isl_pts]
+    def xfer(nbytes: float, i: int) -> float:
+        a, b = coef[i]
+        return a + b * nbytes if nbytes > 0 else 0.0
+
+    mean_a = sum(shares[i][0] * coef[i][0] for i in coef)
+    mean_b = sum(shares[i][0] * coef[i][1] for i in coef)
+    t_pts_mean = [mean_a + mean_b * x * kvb if x > 0 else 0.0 for x in isl_pts]
     t_pts_tail = [xfer(x * kvb, slow) if slow is not None else 0.0 for x in isl_pts]
     t_mean = sum(t_pts_mean) / POINTS
     # Decode pool: batch b solves b = r × osl × step(b) (Little's law).
@@ -420,7 +450,7 @@ def predict_split(
     p95_len = _p95_length(w, isl_pts)
     s95 = (timing.prefill(p95_len * (1 - hit), p95_len * hit, params.chunk_tokens)
            + t_d + (xfer(p95_len * kvb, slow) / k if slow is not None else 0.0))
-    ttft_p95 = max(_mixture_p95(fixed_tail, over), s95) * k
+    ttft_p95 = max(_mixture_p95(fixed_tail, over, wait.p95_s), s95) * k
     slo_left = w.ttft_slo_s / k
     p_ttft = sum(1.0 - over(slo_left - s) if s < slo_left else 0.0 for s in fixed_mean) / POINTS
     sd = _step_sd(timing, batch, ctx_pts)
