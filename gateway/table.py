@@ -26,9 +26,7 @@ MODES = ("aggregated", "disaggregated", "conditional")
 ROLES = ("prefill", "decode", "both")
 STATES = ("active", "draining")
 LINKS = ("nvlink", "pcie", "rdma", "tcp")
-MAX_COUNT = 2**53  # integers beyond this are not exact in JSON readers elsewhere
-MAX_TEXT = 1024  # ids, names, URLs, endpoints
-_SPACE = re.compile(r"\s")
+_URL = re.compile(r"^https?://[^\s]+$")  # the schema's pattern, searched as JSON Schema does
 
 
 class TableError(ValueError):
@@ -131,30 +129,44 @@ class RoutingTable:
         return [w for m in self.models.values() for w in m.workers]
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+# The checks below mirror controlplane/routing/schema/routing-table-v1.json and the control
+# plane's semantic rules (unique names and ids, KV paths to known workers) one for one, so
+# the gateway takes exactly what the control plane would publish (an adversarial test
+# compares the two verdicts). JSON Schema's "integer" includes floats such as 3.0.
 
 
-def _is_num(v) -> bool:
-    """A finite number a float can hold (huge JSON integers would overflow float())."""
+def _is_int(v, lo: int = 0) -> bool:
+    if isinstance(v, bool):
+        return False
+    if isinstance(v, float):
+        return v.is_integer() and v >= lo
+    return isinstance(v, int) and v >= lo
+
+
+def _is_num(v, lo: float = 0.0) -> bool:
+    """A number ≥ ``lo`` that a float can hold (huge JSON integers would overflow)."""
     if not isinstance(v, int | float) or isinstance(v, bool):
         return False
     try:
-        return math.isfinite(v)
+        return math.isfinite(v) and v >= lo
     except OverflowError:
         return False
 
 
-def _is_count(v, lo: int = 0) -> bool:
-    return _is_int(v) and lo <= v <= MAX_COUNT
+def _text(v, max_len: int | None = None) -> bool:
+    return isinstance(v, str) and len(v) >= 1 and (max_len is None or len(v) <= max_len)
 
 
-def _text(v, max_len: int = MAX_TEXT) -> bool:
-    return isinstance(v, str) and 0 < len(v) <= max_len
+def _in(v, choices: tuple) -> bool:
+    return (v is None or isinstance(v, str)) and v in choices
 
 
-def _endpoint(v) -> bool:
-    return _text(v) and v.startswith(("tcp://", "ipc://", "inproc://"))
+def _optional(obj: dict, key: str, check, nullable: bool = False) -> bool:
+    """True when ``key`` is absent, or present and passes (null only if ``nullable``)."""
+    if key not in obj:
+        return True
+    value = obj[key]
+    return (nullable and value is None) or (value is not None and check(value))
 
 
 def validate(raw: Any) -> list[str]:
@@ -162,11 +174,11 @@ def validate(raw: Any) -> list[str]:
     p: list[str] = []
     if not isinstance(raw, dict):
         return ["(root): the table must be a JSON object"]
-    if raw.get("schema_version") != 1:
+    if raw.get("schema_version") != 1 or isinstance(raw.get("schema_version"), bool):
         p.append(f"schema_version: unsupported {raw.get('schema_version')!r} (this gateway: 1)")
-    if not _text(raw.get("cluster")):
-        p.append("cluster: must be a non-empty string")
-    if not _is_count(raw.get("version")):
+    if not _text(raw.get("cluster"), 64):
+        p.append("cluster: must be a string of 1–64 characters")
+    if not _is_int(raw.get("version")):
         p.append("version: must be a non-negative integer")
     models = raw.get("models")
     if not isinstance(models, list):
@@ -178,40 +190,43 @@ def validate(raw: Any) -> list[str]:
             p.append(f"{where}: must be an object")
             continue
         name = m.get("name")
-        if not _text(name):
-            p.append(f"{where}/name: must be a non-empty string")
+        if not _text(name, 128):
+            p.append(f"{where}/name: must be a string of 1–128 characters")
         elif name in names:
             p.append("models: model names must be unique")
         else:
             names.add(name)
-        if not isinstance(m.get("mode"), str) or m["mode"] not in MODES:
+        if not _in(m.get("mode"), MODES):
             p.append(f"{where}/mode: must be one of {MODES}")
-        if not _is_count(m.get("kv_block_size"), 1):
+        if not _optional(m, "mode_reason", lambda v: isinstance(v, str)):
+            p.append(f"{where}/mode_reason: must be a string")
+        if not _is_int(m.get("kv_block_size"), 1):
             p.append(f"{where}/kv_block_size: must be a positive integer")
-        kv_bytes = m.get("kv_bytes_per_token")
-        if kv_bytes is not None and not _is_count(kv_bytes):
-            p.append(f"{where}/kv_bytes_per_token: must be an integer ≥ 0")
+        if not _optional(m, "kv_bytes_per_token", lambda v: _is_int(v, 1)):
+            p.append(f"{where}/kv_bytes_per_token: must be a positive integer")
+        if not _optional(m, "max_model_len", lambda v: _is_int(v, 1), nullable=True):
+            p.append(f"{where}/max_model_len: must be null or a positive integer")
         routing = m.get("routing")
         if not isinstance(routing, dict):
             p.append(f"{where}/routing: must be an object")
         else:
-            if not _is_count(routing.get("block_size"), 1):
+            if not _is_int(routing.get("block_size"), 1):
                 p.append(f"{where}/routing/block_size: must be a positive integer")
             for key in ("kv_overlap_weight", "load_weight", "temperature"):
-                if not _is_num(routing.get(key)) or routing[key] < 0:
+                if not _is_num(routing.get(key)):
                     p.append(f"{where}/routing/{key}: must be a number ≥ 0")
             for key in OPTIONAL_ROUTING:
-                if key in routing and (not _is_num(routing[key]) or routing[key] < 0):
+                if not _optional(routing, key, _is_num):
                     p.append(f"{where}/routing/{key}: must be a number ≥ 0")
         dis = m.get("disaggregation")
-        if not isinstance(dis, dict) or not _is_count(dis.get("local_prefill_max_tokens")):
+        if not isinstance(dis, dict) or not _is_int(dis.get("local_prefill_max_tokens")):
             p.append(f"{where}/disaggregation/local_prefill_max_tokens: must be an integer ≥ 0")
         workers = m.get("workers")
         if not isinstance(workers, list):
             p.append(f"{where}/workers: must be a list")
             continue
         # One set for the whole list (it used to be rebuilt per worker: quadratic).
-        ids = [w.get("id") for w in workers if isinstance(w, dict) and _text(w.get("id"))]
+        ids = [w.get("id") for w in workers if isinstance(w, dict) and _text(w.get("id"), 300)]
         id_set = set(ids)
         if len(id_set) != len(ids):
             p.append(f"{where}/workers: worker ids must be unique")
@@ -229,35 +244,41 @@ def _worker_problems(w: Any, where: str, ids: set) -> list[str]:
     if not isinstance(w, dict):
         return [f"{where}: must be an object"]
     p = []
-    if not _text(w.get("id")):
-        p.append(f"{where}/id: must be a non-empty string")
+    if not _text(w.get("id"), 300):
+        p.append(f"{where}/id: must be a string of 1–300 characters")
     url = w.get("url")
-    if not _text(url) or not url.startswith(("http://", "https://")) or _SPACE.search(url):
+    if not isinstance(url, str) or not _URL.search(url):
         p.append(f"{where}/url: must be an http(s) URL")
-    if not isinstance(w.get("role"), str) or w["role"] not in ROLES:
+    if not _in(w.get("role"), ROLES):
         p.append(f"{where}/role: must be one of {ROLES}")
-    previous = w.get("previous_role")
-    if previous is not None and (not isinstance(previous, str) or previous not in ROLES):
+    if "previous_role" in w and not _in(w["previous_role"], (*ROLES, None)):
         p.append(f"{where}/previous_role: must be null or one of {ROLES}")
-    if not isinstance(w.get("state"), str) or w["state"] not in STATES:
+    if not _in(w.get("state"), STATES):
         p.append(f"{where}/state: must be one of {STATES}")
     if not _text(w.get("node")):
         p.append(f"{where}/node: must be a non-empty string")
-    if w.get("engine") is not None and not _text(w["engine"], 64):
-        p.append(f"{where}/engine: must be a short string")
+    if not _optional(w, "engine", lambda v: isinstance(v, str)):
+        p.append(f"{where}/engine: must be a string")
+    if not _optional(w, "metrics_url", lambda v: isinstance(v, str), nullable=True):
+        p.append(f"{where}/metrics_url: must be null or a string")
     cap = w.get("capacity")
-    if not isinstance(cap, dict) or not _is_count(cap.get("kv_tokens")):
-        p.append(f"{where}/capacity/kv_tokens: must be an integer ≥ 0")
+    if not isinstance(cap, dict):
+        p.append(f"{where}/capacity: must be an object")
+    else:
+        for key, lo in (("gpus", 0), ("tp_size", 1), ("kv_tokens", 0)):
+            if not _is_int(cap.get(key), lo):
+                p.append(f"{where}/capacity/{key}: must be an integer ≥ {lo}")
+        if not _optional(cap, "gpu_memory_bytes", _is_int):
+            p.append(f"{where}/capacity/gpu_memory_bytes: must be an integer ≥ 0")
     events = w.get("kv_events")
     if events is not None:
-        if not isinstance(events, dict) or not _endpoint(events.get("endpoint")):
+        if not isinstance(events, dict) or not isinstance(events.get("endpoint"), str) or \
+                not events["endpoint"].startswith(("tcp://", "ipc://", "inproc://")):
             p.append(f"{where}/kv_events/endpoint: must be a tcp://, ipc:// or inproc:// "
                      "endpoint")
-        elif events.get("replay_endpoint") is not None and not _endpoint(
-            events["replay_endpoint"]
-        ):
-            p.append(f"{where}/kv_events/replay_endpoint: must be null or a tcp://, ipc:// "
-                     "or inproc:// endpoint")
+        elif not _optional(events, "replay_endpoint", lambda v: isinstance(v, str),
+                           nullable=True):
+            p.append(f"{where}/kv_events/replay_endpoint: must be null or a string")
     paths = w.get("kv_paths")
     if not isinstance(paths, list):
         p.append(f"{where}/kv_paths: must be a list")
@@ -270,12 +291,14 @@ def _worker_problems(w: Any, where: str, ids: set) -> list[str]:
         to = path.get("to")
         if not _text(to) or to not in ids:
             p.append(f"{pw}/to: unknown worker {repr(to)[:80]}")
-        if not isinstance(path.get("link"), str) or path["link"] not in LINKS:
+        if not _in(path.get("link"), LINKS):
             p.append(f"{pw}/link: must be one of {LINKS}")
-        if not _is_num(path.get("bandwidth_gbps")) or path["bandwidth_gbps"] < 0:
+        if not _is_num(path.get("bandwidth_gbps")):
             p.append(f"{pw}/bandwidth_gbps: must be a number ≥ 0")
         if not isinstance(path.get("rdma"), bool):
             p.append(f"{pw}/rdma: must be a boolean")
+        if not _optional(path, "fabric", lambda v: isinstance(v, str), nullable=True):
+            p.append(f"{pw}/fabric: must be null or a string")
     return p
 
 
@@ -293,7 +316,7 @@ def parse(raw: Any) -> RoutingTable:
             workers.append(
                 WorkerEntry(
                     id=w["id"],
-                    url=w["url"].rstrip("/"),
+                    url=w["url"].strip().rstrip("/"),
                     role=w["role"],
                     state=w["state"],
                     node=w["node"],
@@ -321,7 +344,8 @@ def parse(raw: Any) -> RoutingTable:
             workers=tuple(workers),
             **{key: float(routing[key]) for key in OPTIONAL_ROUTING if key in routing},
         )
-    return RoutingTable(version=raw["version"], cluster=raw["cluster"], models=models, raw=raw)
+    return RoutingTable(version=int(raw["version"]), cluster=raw["cluster"], models=models,
+                        raw=raw)
 
 
 @dataclass

@@ -46,7 +46,9 @@ HOSTILE = {
     "state is a list": lambda t: worker0(t).update(state=["active"]),
     "previous_role is a list": lambda t: worker0(t).update(previous_role=["decode"]),
     "engine is an object": lambda t: worker0(t).update(engine={"vllm": 1}),
-    "kv_tokens is huge": lambda t: worker0(t)["capacity"].update(kv_tokens=10**30),
+    "kv_tokens is negative": lambda t: worker0(t)["capacity"].update(kv_tokens=-1),
+    "tp_size is missing": lambda t: worker0(t)["capacity"].pop("tp_size"),
+    "engine is null": lambda t: worker0(t).update(engine=None),
     "kv_bytes_per_token is a string": lambda t: t["models"][0].update(kv_bytes_per_token="x"),
     "kv_bytes_per_token is a list": lambda t: t["models"][0].update(kv_bytes_per_token=[1]),
     "temperature is infinite": lambda t: t["models"][0]["routing"].update(
