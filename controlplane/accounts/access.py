@@ -43,7 +43,6 @@ CLUSTER_PATHS: dict[str, str] = {
     "policies.policy": "cluster",
     "routing.routingtableversion": "cluster",
     "routing.gatewaydelivery": "gateway__cluster",
-    "routing.deliveryattempt": "delivery__gateway__cluster",
     "planner.plan": "cluster",
     "planner.modelplannerstate": "served_model__cluster",
     "alerts.alertrule": "cluster",  # a rule with no cluster is fleet-wide
