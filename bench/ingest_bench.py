@@ -12,6 +12,15 @@ at ``--rate`` reports/s in total (Poisson-free, evenly paced), acks matched by s
 
 It migrates the database, creates a "bench" cluster with the nodes and their tokens,
 starts uvicorn on a free port, runs the load, prints a JSON summary and stops the server.
+
+Two more scenarios (issue 20):
+
+    … bench/ingest_bench.py --storm 300     # N never-seen agents connect at once: time
+                                            # until each is welcomed (first hellos)
+    … bench/ingest_bench.py --restart 500   # N real agent transports (workers_agent/
+                                            # transport.py) report; the server is killed
+                                            # (SIGKILL) and restarted: time until each is
+                                            # welcomed again, reports dropped beyond buffers
 """
 
 from __future__ import annotations
@@ -39,7 +48,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def setup_fleet(n: int) -> list[tuple[str, str]]:
+def setup_fleet(n: int, cluster_name: str = "bench") -> list[tuple[str, str]]:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
     import django
 
@@ -50,12 +59,13 @@ def setup_fleet(n: int) -> list[tuple[str, str]]:
     from controlplane.telemetry.tokens import issue_token
     from controlplane.topology.models import Cluster, Node, ServedModel
 
-    cluster, _ = Cluster.objects.get_or_create(name="bench")
+    cluster, _ = Cluster.objects.get_or_create(name=cluster_name)
     ServedModel.objects.get_or_create(cluster=cluster, name="bench-model", defaults=dict(
         layers=80, kv_heads=8, head_dim=128, kv_dtype_bytes=1, weight_bytes=70 * 10**9))
     out = []
     for i in range(n):
-        node, _ = Node.objects.get_or_create(cluster=cluster, hostname=f"bench-{i:04d}")
+        node, _ = Node.objects.get_or_create(cluster=cluster,
+                                             hostname=f"{cluster_name}-{i:04d}")
         out.append((node.hostname, issue_token(node)))
     return out
 
@@ -187,6 +197,103 @@ def pct(values, q):
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
+# --------------------------------------------------------------------------- storm
+
+
+async def storm(url: str, fleet) -> dict:
+    """Every agent connects and says hello at the same instant; seconds until welcomed."""
+    import orjson
+    from websockets.asyncio.client import connect
+
+    t0 = time.perf_counter()
+
+    async def one(host, token):
+        async with connect(url, additional_headers={"Authorization": f"Bearer {token}"},
+                           open_timeout=120, ping_interval=None) as ws:
+            await ws.send(orjson.dumps(hello(host)).decode())
+            welcome = orjson.loads(await asyncio.wait_for(ws.recv(), 120))
+            assert welcome["type"] == "welcome", welcome
+            welcomed = time.perf_counter() - t0
+            # The first report waits for its node's inventory reconcile (rows created).
+            await ws.send(orjson.dumps(report(1)).decode())
+            ack = orjson.loads(await asyncio.wait_for(ws.recv(), 120))
+            assert ack == {"type": "ack", "seq": 1}, ack
+            return welcomed, time.perf_counter() - t0
+
+    results = await asyncio.gather(*(one(h, t) for h, t in fleet))
+    times = sorted(w for w, _ in results)
+    acks = sorted(a for _, a in results)
+    return {"agents": len(times), "welcomed_p50_s": round(pct(times, 0.5), 2),
+            "welcomed_p90_s": round(pct(times, 0.9), 2), "all_welcomed_s": round(times[-1], 2),
+            "first_report_acked_p50_s": round(pct(acks, 0.5), 2),
+            "all_first_reports_acked_s": round(acks[-1], 2)}
+
+
+# --------------------------------------------------------------------------- restart
+
+
+class FakeAgent:
+    """What AgentTransport needs of an Agent: the bench's hello and numbered reports."""
+
+    def __init__(self, host: str):
+        self.host, self.seq, self.hooks, self.engine_ids = host, 0, {}, ["e0", "e1"]
+
+    def hello(self) -> dict:
+        return hello(self.host)
+
+    async def acollect(self, counters: dict) -> dict:
+        self.seq += 1
+        return report(self.seq) | {"agent": counters}
+
+    def inventory_changed(self) -> bool:
+        return False
+
+
+async def restart_run(url: str, fleet, start_server, kill_server, settle_s: float) -> dict:
+    """Agents report until all are connected; SIGKILL the server, start it again; time
+    until each is welcomed again (AgentTransport's own backoff with full jitter)."""
+    import logging
+
+    from workers_agent.config import AgentConfig
+    from workers_agent.transport import AgentTransport
+
+    logging.getLogger("workers_agent").setLevel(logging.ERROR)
+    transports = [AgentTransport(AgentConfig(server=url, token=t, hostname=h, heartbeat_s=20),
+                                 FakeAgent(h)) for h, t in fleet]
+    tasks = [asyncio.create_task(tr.run()) for tr in transports]
+    deadline = time.monotonic() + 300
+    while not all(tr.connected.is_set() for tr in transports):
+        if time.monotonic() > deadline:
+            raise TimeoutError("not every agent connected before the kill")
+        await asyncio.sleep(0.2)
+    await asyncio.sleep(settle_s)  # steady reporting
+    back: dict[int, float] = {}
+    kill_server()
+    killed_at = time.perf_counter()
+    while any(tr.connected.is_set() for tr in transports):  # they notice the dead server
+        await asyncio.sleep(0.05)
+    start_server()
+    restarted_in = time.perf_counter() - killed_at
+    while len(back) < len(transports) and time.perf_counter() - killed_at < 300:
+        for i, tr in enumerate(transports):
+            if i not in back and tr.connected.is_set():
+                back[i] = time.perf_counter() - killed_at
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(5)  # buffers drain after the reconnect
+    dropped = sum(tr.buffer.dropped for tr in transports)
+    buffered = sum(len(tr.buffer) for tr in transports)
+    for tr in transports:
+        tr.stop()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    times = sorted(back.values())
+    return {"agents": len(transports), "back": len(times),
+            "server_up_again_s": round(restarted_in, 2),
+            "back_p90_s": round(pct(times, 0.9), 2) if times else None,
+            "all_back_s": round(times[-1], 2) if len(times) == len(transports) else None,
+            "reports_dropped_beyond_buffers": dropped, "still_buffered": buffered,
+            "buffer_size": transports[0].cfg.buffer_size}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--nodes", type=int, default=200)
@@ -195,28 +302,43 @@ def main() -> int:
     ap.add_argument("--warmup", type=float, default=3)
     ap.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
     ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--storm", type=int, metavar="N",
+                    help="N never-seen agents connect at once; time until all are welcomed")
+    ap.add_argument("--restart", type=int, metavar="N",
+                    help="N agents report; kill -9 the server, restart it; time until all "
+                         "are back")
     args = ap.parse_args()
     if not os.environ.get("DATABASE_URL") or not os.environ.get("REDIS_URL"):
         print("set DATABASE_URL and REDIS_URL", file=sys.stderr)
         return 2
-    fleet = setup_fleet(args.nodes)
+    scenario = args.storm or args.restart
+    # Storm and restart: a fresh cluster, so every hello is a node's first (rows created).
+    fleet = setup_fleet(scenario or args.nodes,
+                        f"storm-{uuid.uuid4().hex[:6]}" if scenario else "bench")
     port = args.port or free_port()
     prefix = f"bench:{uuid.uuid4().hex[:6]}:"
     env = dict(os.environ, PDPLANE_TELEMETRY_PREFIX=prefix,
                PDPLANE_AGENT_MAX_REPORTS_PER_S=str(max(50.0, 4 * args.rate / args.nodes)),
                PDPLANE_AGENT_REPORT_BURST="100", LOG_LEVEL="WARNING")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "controlplane.asgi:application", "--host",
-         "127.0.0.1", "--port", str(port), "--workers", str(args.workers), "--log-level",
-         "warning", "--no-access-log"], cwd=ROOT, env=env)
-    try:
-        deadline = time.monotonic() + 30
+    from controlplane.core.wsprotocol import UVICORN_WS
+
+    command = [sys.executable, "-m", "uvicorn", "controlplane.asgi:application", "--host",
+               "127.0.0.1", "--port", str(port), "--workers", str(args.workers),
+               "--log-level", "warning", "--no-access-log", "--ws", UVICORN_WS,
+               "--backlog", "4096"]
+    server = subprocess.Popen(command, cwd=ROOT, env=env)
+
+    def wait_listening():
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
+                return
             except OSError:
-                time.sleep(0.1)
+                time.sleep(0.05)
+
+    try:
+        wait_listening()
         time.sleep(1.0)
         try:
             import uvloop
@@ -225,6 +347,20 @@ def main() -> int:
         except ImportError:
             pass
         url = f"ws://127.0.0.1:{port}/ws/agent/v1/"
+        if scenario:
+            def kill():
+                server.kill()  # SIGKILL: no graceful close for anyone
+                server.wait()
+
+            def start():
+                nonlocal server
+                server = subprocess.Popen(command, cwd=ROOT, env=env)
+
+            result = (asyncio.run(storm(url, fleet)) if args.storm else
+                      asyncio.run(restart_run(url, fleet, start, kill, settle_s=6.0)))
+            result.update(load_avg_1m=round(os.getloadavg()[0], 1), cpus=os.cpu_count())
+            print(json.dumps(result))
+            return 0
         lat, acked, counts = asyncio.run(run_load(url, fleet, args.rate, args.duration,
                                                   args.warmup, server.pid))
         cpu = None

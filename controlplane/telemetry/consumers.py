@@ -95,6 +95,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     node = None
     ctx: NodeContext | None = None
     inventory: proto.Inventory | None = None
+    reconciling: asyncio.Task | None = None  # the hello's inventory reconcile
     closing = False  # this side sent a close: later frames are dropped unanswered
 
     async def dispatch(self, message):
@@ -243,32 +244,31 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 f"this token belongs to {self.node.hostname!r}, not {msg['hostname'][:64]!r}"))
             await self.close(code=proto.CLOSE_FORBIDDEN)
             return
+        # The hello arrived in time: its database work may queue behind other hellos (a
+        # storm), and a failure there closes the connection itself (below).
+        self.hello_timer.cancel()
         if take_token(self.node.pk, "hello") is not None:
             await self.send_error(proto.ProtocolError(
                 proto.ErrorCode.RATE_LIMITED, "reconnecting too often; back off and retry"))
             await self.close(code=proto.CLOSE_TOO_MANY_ERRORS)
             return
+        # Welcome first, from two cheap reads; the full reconcile of the inventory (rows,
+        # change log, node status) follows in the background. A storm of first hellos is
+        # then welcomed at once instead of queueing behind each other's reconciles (issue
+        # 20, defect 9); reports wait for their connection's reconcile (see on_report).
         try:
-            result = await dbpool.run(
-                _accept_hello, self.node.pk, msg["agent_version"], version, msg["inventory"],
-                self._agent_metrics_url(msg.get("metrics_port")))
+            known, unmatched = await dbpool.run(_known_engines, self.node.pk,
+                                                self.node.cluster_id, msg["inventory"])
         except Exception:
-            # A hello that passed validation and still fails in the database (or the
-            # database is down): say so and close, so the agent retries with backoff rather
-            # than waiting on an open socket that will never welcome it (defect 3).
-            log.exception("hello of node %s could not be stored", self.node.pk)
-            await self.send_error(proto.ProtocolError(
-                proto.ErrorCode.INTERNAL, "server could not store the inventory; retry later"))
-            await self.close(code=1011)
+            await self._store_failed()
             return
-        self.hello_timer.cancel()
         redis = hotstate.async_redis()
         keys = hotstate.Keys()
         gen = int(await redis.incr(keys.gen(self.node.pk)))
         self.ctx = NodeContext(
             node_id=self.node.pk, cluster_id=self.node.cluster_id,
             hostname=self.node.hostname, gen=gen, interval_s=hotstate.report_interval_s(),
-            workers=result.workers)
+            workers=known)
         self.inventory = proto.Inventory.from_hello(msg["inventory"])
         writer = hotstate.get_writer()
         await writer.submit(index_commands(self.ctx, keys))
@@ -284,10 +284,42 @@ class AgentConsumer(AsyncWebsocketConsumer):
             "report_interval_s": self.ctx.interval_s, "server_time": time.time(),
             "limits": {"max_frame_bytes": proto.MAX_FRAME_BYTES,
                        "max_reports_per_s": max_reports_per_s(), "burst": report_burst()},
-            "unmatched_engines": result.unmatched,
+            "unmatched_engines": unmatched,
         })
+        self.reconciling = asyncio.get_running_loop().create_task(self._reconcile(
+            msg["agent_version"], version, msg["inventory"],
+            self._agent_metrics_url(msg.get("metrics_port"))))
         for frame in await dbpool.run(_claim_pending_commands, self.node.pk):
             await self.send_json(frame)
+
+    async def _reconcile(self, agent_version, version, inventory, metrics_url="") -> None:
+        """Store the announced inventory (the hello's or an inventory frame's)."""
+        try:
+            result = await dbpool.run_bulk(_accept_hello, self.node.pk, agent_version,
+                                           version, inventory, metrics_url)
+        except Exception:
+            await self._store_failed()
+            return
+        self.ctx.workers = result.workers
+        await hotstate.get_writer().submit(index_commands(self.ctx, hotstate.Keys()))
+
+    async def _store_failed(self) -> None:
+        # An inventory that passed validation and still fails in the database (or the
+        # database is down): say so and close, so the agent retries with backoff rather than
+        # waiting on an open socket (issue 20, defect 3).
+        log.exception("inventory of node %s could not be stored", self.node.pk)
+        if self.closing:
+            return
+        with contextlib.suppress(OSError, RuntimeError):
+            await self.send_error(proto.ProtocolError(
+                proto.ErrorCode.INTERNAL, "server could not store the inventory; retry later"))
+            await self.close(code=1011)
+
+    async def _reconciled(self) -> None:
+        """Wait for this connection's inventory reconcile, if one is running."""
+        task = self.reconciling
+        if task is not None and not task.done():
+            await asyncio.shield(task)
 
     def _agent_metrics_url(self, port) -> str:
         """Where the agent's /metrics is, as this server sees the agent ("" when not served)."""
@@ -311,10 +343,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 proto.ErrorCode.RATE_LIMITED,
                 f"more than {bucket.rate:g} inventory frames/s; frame dropped"))
             return
-        result = await dbpool.run(_accept_hello, self.node.pk, None, None, msg["inventory"])
-        self.ctx.workers = result.workers
+        await self._reconciled()
+        self.reconciling = None
+        await self._reconcile(None, None, msg["inventory"], None)
         self.inventory = proto.Inventory.from_hello(msg["inventory"])
-        await hotstate.get_writer().submit(index_commands(self.ctx, hotstate.Keys()))
 
     # ---------------------------------------------------------------- report
 
@@ -330,6 +362,11 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 proto.ErrorCode.RATE_LIMITED,
                 f"more than {bucket.rate:g} reports/s; report dropped"), seq)
             return
+        if self.reconciling is not None:  # first reports after hello: engines get their ids
+            await self._reconciled()
+            self.reconciling = None
+            if self.closing:
+                return
         errors = proto.validate_report(msg, self.inventory)
         if errors:
             first = errors[0]
@@ -425,6 +462,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
             timer.cancel()
         if self.ctx is None:
             return
+        with contextlib.suppress(Exception):  # its node status update must come first
+            await self._reconciled()
         try:
             released = await hotstate.async_redis().eval(
                 _RELEASE_LUA, 1, hotstate.Keys().live(self.ctx.node_id), self.ctx.gen,
@@ -439,6 +478,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
 def _accept_hello(node_id: int, agent_version, protocol_version, inventory: dict,
                   agent_metrics_url: str | None = None):
+    from django.db import transaction
     from django.utils import timezone
 
     from controlplane import audit
@@ -447,9 +487,12 @@ def _accept_hello(node_id: int, agent_version, protocol_version, inventory: dict
 
     from .reconcile import reconcile_inventory
 
-    node = Node.objects.get(pk=node_id)
-    with audit.actor_node(node):  # inventory changes are the node's, in the change log
-        result = reconcile_inventory(node, inventory)
+    with transaction.atomic():
+        # The row lock serialises reconciles of one node (an old and a new connection may
+        # overlap); reconciles of different nodes run side by side.
+        node = Node.objects.select_for_update().get(pk=node_id)
+        with audit.actor_node(node):  # inventory changes are the node's, in the change log
+            result = reconcile_inventory(node, inventory)
     updates = {"status": NodeStatus.ONLINE, "last_seen": timezone.now()}
     if agent_version is not None:
         updates.update(agent_version=agent_version[:32], agent_protocol=protocol_version)
@@ -457,6 +500,20 @@ def _accept_hello(node_id: int, agent_version, protocol_version, inventory: dict
         updates["agent_metrics_url"] = agent_metrics_url
     Node.objects.filter(pk=node_id).exclude(status=NodeStatus.MAINTENANCE).update(**updates)
     return result
+
+
+def _known_engines(node_id: int, cluster_id: int, inventory: dict
+                   ) -> tuple[dict[str, int | None], list[str]]:
+    """For the welcome: engine id → existing worker id (None if not yet a worker), and the
+    engines whose model this cluster does not serve (they stay unmatched, as reconcile says)."""
+    from controlplane.topology.models import ServedModel, Worker
+
+    existing = dict(Worker.objects.filter(node_id=node_id).values_list("name", "pk"))
+    served = set(ServedModel.objects.filter(cluster_id=cluster_id).values_list("name",
+                                                                                flat=True))
+    engines = inventory.get("engines", [])
+    known = {e["id"]: existing.get(e["id"]) for e in engines}
+    return known, [e["id"] for e in engines if e.get("model") not in served]
 
 
 def _claim_pending_commands(node_id: int) -> list[dict]:

@@ -1,13 +1,16 @@
-"""Database calls of the agent consumer on a small pool of threads of their own.
+"""Database calls of the agent consumer on small pools of threads of their own.
 
 Channels' ``database_sync_to_async`` runs every call on ONE thread per process
 (thread-sensitive), so 300 agents connecting at once queued their hellos behind each other
 (issue 20, defect 9: 28.7 s until the last welcome). A hello touches only its own node's
-rows, so hellos can run side by side; the pool is bounded (``TELEMETRY_DB_THREADS``, default
-8) so a storm cannot take more PostgreSQL connections than that.
+rows, so hellos can run side by side. Two bounded pools keep the quick calls (token lookup,
+the reads a welcome needs, commands) from queueing behind the heavy ones (inventory
+reconciles): ``TELEMETRY_DB_THREADS`` (default 8) and ``TELEMETRY_DB_BULK_THREADS`` (4),
+so a storm takes at most that many PostgreSQL connections.
 
-Each thread keeps its Django connection while work is queued and closes it when the pool
-goes idle, so a quiet server holds no connections and tests can drop their database.
+Each thread keeps its Django connection while its pool has work queued, and the pool closes
+them when it goes idle: a quiet server holds no connections, and tests can drop their
+database.
 """
 
 from __future__ import annotations
@@ -19,57 +22,64 @@ from concurrent.futures import ThreadPoolExecutor
 from channels.db import database_sync_to_async
 from django.conf import settings
 
-_lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
-_busy = 0  # calls queued or running
 
+class _Pool:
+    def __init__(self, setting: str, env: str, default: int, name: str):
+        self.setting, self.env, self.default, self.name = setting, env, default, name
+        self.lock = threading.Lock()
+        self.executor: ThreadPoolExecutor | None = None
+        self.busy = 0  # calls queued or running
+        self.opened: set = set()  # Django connection wrappers of this pool's threads
 
-def pool_size() -> int:
-    return int(getattr(settings, "TELEMETRY_DB_THREADS", None)
-               or os.environ.get("PDPLANE_TELEMETRY_DB_THREADS", 8))
+    def size(self) -> int:
+        return int(getattr(settings, self.setting, None) or os.environ.get(self.env)
+                   or self.default)
 
+    def _executor(self) -> ThreadPoolExecutor:
+        with self.lock:
+            if self.executor is None:
+                self.executor = ThreadPoolExecutor(self.size(), thread_name_prefix=self.name)
+            return self.executor
 
-def _executor() -> ThreadPoolExecutor:
-    global _pool
-    with _lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(pool_size(), thread_name_prefix="agent-db")
-        return _pool
+    def _call(self, fn, args, kwargs):
+        from django.db import connections
 
-
-_opened: set = set()  # Django connection wrappers of the pool's threads
-
-
-def _run_then_maybe_close(fn, args, kwargs):
-    global _busy
-    from django.db import connections
-
-    try:
-        return fn(*args, **kwargs)
-    finally:
-        with _lock:
-            _opened.update(connections.all(initialized_only=True))
-            _busy -= 1
-            if _busy == 0:  # idle: no call can start before the lock is released
-                _close_opened()
-
-
-def _close_opened() -> None:
-    for conn in _opened:
-        conn.inc_thread_sharing()  # closed from whichever pool thread went idle last
         try:
-            conn.close()
+            return fn(*args, **kwargs)
         finally:
-            conn.dec_thread_sharing()
-    _opened.clear()
+            with self.lock:
+                self.opened.update(connections.all(initialized_only=True))
+                self.busy -= 1
+                if self.busy == 0:  # idle: no call can start before the lock is released
+                    self._close_opened()
+
+    def _close_opened(self) -> None:
+        for conn in self.opened:
+            conn.inc_thread_sharing()  # closed from whichever thread went idle last
+            try:
+                conn.close()
+            finally:
+                conn.dec_thread_sharing()
+        self.opened.clear()
+
+    async def run(self, fn, *args, **kwargs):
+        with self.lock:
+            self.busy += 1
+        call = database_sync_to_async(self._call, thread_sensitive=False,
+                                      executor=self._executor())
+        return await call(fn, args, kwargs)
+
+
+_quick = _Pool("TELEMETRY_DB_THREADS", "PDPLANE_TELEMETRY_DB_THREADS", 8, "agent-db")
+_bulk = _Pool("TELEMETRY_DB_BULK_THREADS", "PDPLANE_TELEMETRY_DB_BULK_THREADS", 4,
+              "agent-db-bulk")
 
 
 async def run(fn, *args, **kwargs):
-    """``fn(*args, **kwargs)`` on the consumer's database pool (with Channels' stale
-    connection handling around it)."""
-    global _busy
-    with _lock:
-        _busy += 1
-    call = database_sync_to_async(_run_then_maybe_close, thread_sensitive=False,
-                                  executor=_executor())
-    return await call(fn, args, kwargs)
+    """``fn(*args, **kwargs)`` on the quick pool (with Channels' stale-connection handling)."""
+    return await _quick.run(fn, *args, **kwargs)
+
+
+async def run_bulk(fn, *args, **kwargs):
+    """As :func:`run`, on the pool for heavy work (inventory reconciles)."""
+    return await _bulk.run(fn, *args, **kwargs)

@@ -71,6 +71,27 @@ def cp_server(django_db_setup, django_db_blocker, tmp_path_factory):
 
 @pytest.fixture
 def hot_prefix(cp_server, settings):
-    """Read the hot state the live server writes."""
+    """Read the hot state the live server writes; after the test, wait until the server's
+    background database work (inventory reconciles, disconnect bookkeeping) is done, so
+    the test database can be flushed without a deadlock."""
     settings.TELEMETRY_REDIS_PREFIX = cp_server.prefix
-    return cp_server.prefix
+    yield cp_server.prefix
+    wait_database_quiet()
+
+
+def wait_database_quiet(timeout: float = 20.0) -> None:
+    from django.db import connection
+
+    from controlplane.topology.models import Node
+
+    deadline = time.monotonic() + timeout
+    quiet = 0
+    while time.monotonic() < deadline and quiet < 3:
+        with connection.cursor() as cur:
+            cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                        " AND pid <> pg_backend_pid() AND state <> 'idle'")
+            busy = cur.fetchone()[0]
+        # A node still online: its disconnect bookkeeping has not run yet.
+        quiet = quiet + 1 if not busy and not Node.objects.filter(status="online").exists() \
+            else 0
+        time.sleep(0.1)
