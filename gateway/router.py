@@ -336,6 +336,14 @@ def plan_request(
     decode_scores = score(decoders, use_cache=conditional)
     if conditional:
         decode, _ = choose(decode_scores)
+        if prompt_tokens - min(cached_tokens.get(decode.worker_id, 0), prompt_tokens) > (
+            model.local_prefill_max_tokens
+        ):
+            # It will be prefilled remotely anyway: the decode worker's cache would save
+            # only part of a transfer, and following it piles long decodes onto the
+            # prefix's holder. Pick the decode worker as in disaggregated mode.
+            decode_scores = score(decoders, use_cache=False)
+            decode = pick(decode_scores, model.temperature, rng, loads)
     else:
         decode = pick(decode_scores, model.temperature, rng, loads)
     decode_cached = min(cached_tokens.get(decode.worker_id, 0), prompt_tokens)

@@ -317,3 +317,14 @@ def test_cache_credit_never_offsets_queued_work():
     a = cost_of("A", loads["A"], 10, 0, overlap_weight=5.0, load_weight=1.0)
     b = cost_of("B", loads["B"], 10, 9, overlap_weight=5.0, load_weight=1.0)
     assert b.prefill_term == 50 and a.prefill_term == 10 and a.cost < b.cost
+
+
+def test_conditional_decode_ignores_a_prefix_it_would_not_prefill_locally():
+    # D2 holds half of a 40-block prompt: 20 blocks (320 tokens) would still be prefilled,
+    # more than the 64-token local threshold, so the prompt goes to a prefill worker anyway
+    # and the decode worker is picked by load alone (D1, idle), not by the prefix.
+    workers = [w("P", role="prefill"), w("D1", role="decode"), w("D2", role="decode")]
+    loads = {"D1": WorkerLoad(0, 0, 0), "D2": WorkerLoad(0, 30, 2)}
+    plan = plan_request(model_of(workers, mode="conditional", threshold=64), 40 * BS,
+                        {"D2": 20 * BS}, loads, random.Random(0))
+    assert plan.decode == "D1" and plan.prefill == "P" and plan.reason == "pd_remote_prefill"
