@@ -83,3 +83,59 @@ def timeline(
         if start <= when <= end:
             marks.append(Mark(round(4 + (width - 8) * (when - start) / span, 1), label, kind))
     return marks
+
+
+@dataclass(frozen=True)
+class Bar:
+    x: float
+    y: float
+    w: float
+    h: float
+    label: str
+    value: float | None
+    text: str  # the value as shown, "∞"/"n/a" when unbounded or unknown
+    kind: str  # "chosen", "current", "over" (above the target) or ""
+
+    @property
+    def cx(self) -> float:
+        return round(self.x + self.w / 2, 1)
+
+
+@dataclass(frozen=True)
+class BarChart:
+    bars: list[Bar]
+    width: int
+    height: int
+    target_y: float | None
+    top: float
+
+
+def bar_chart(labels: Sequence[str], values: Sequence[float | None], *,
+              target: float | None = None, marks: dict | None = None,
+              width: int = 320, height: int = 110) -> BarChart:
+    """One bar per label; ``None`` (unbounded or unknown) is drawn as a full hatched bar
+    labelled "∞" rather than as zero. Values above ``target`` are marked "over"."""
+    marks = marks or {}
+    finite = [float(v) for v in values if _finite(v)]
+    top = max([*finite, target if _finite(target) else 0.0, 0.0]) * 1.1 or 1.0
+    plot_h = height - 30  # room for labels under the bars and the value text above
+    n = max(len(labels), 1)
+    slot = (width - 8) / n
+    bars = []
+    for i, (label, v) in enumerate(zip(labels, values, strict=True)):
+        known = _finite(v)
+        h = plot_h * (min(float(v), top) / top if known else 1.0)
+        kind = ("chosen" if label == marks.get("chosen") else
+                "current" if label == marks.get("current") else "")
+        if known and _finite(target) and float(v) > target:
+            kind = (kind + " over").strip()
+        if not known:
+            kind = (kind + " unbounded").strip()
+        text = ("∞" if not known else f"{float(v):.3g}")
+        bars.append(Bar(round(4 + i * slot + slot * 0.15, 1), round(12 + plot_h - h, 1),
+                        round(slot * 0.7, 1), round(h, 1), label,
+                        float(v) if known else None, text, kind))
+    target_y = None
+    if _finite(target) and 0 <= target <= top:
+        target_y = round(12 + plot_h - plot_h * target / top, 1)
+    return BarChart(bars=bars, width=width, height=height, target_y=target_y, top=top)

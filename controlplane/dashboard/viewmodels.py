@@ -163,7 +163,9 @@ def node_cards(node_rows: list[dict], filters: Filters) -> list[NodeCard]:
         status = nodestatus.node_status(n["status"], last, bool(node_hot.get("stale")))
         card = NodeCard(
             id=n["id"], hostname=n["hostname"], cluster=n["cluster__name"], rack=n["rack"],
-            status=status, last_seen=last, stale=status in nodestatus.NOT_REPORTING,
+            # Greyed out: its numbers are old. A node never monitored has none to grey.
+            status=status, last_seen=last,
+            stale=status in (nodestatus.STALE, nodestatus.OFFLINE),
             nvlink_groups=sorted(groups.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)),
             engines_hot=node_hot.get("engines") or {},
         )

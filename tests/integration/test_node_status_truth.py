@@ -63,6 +63,6 @@ def test_pages_and_alerts_agree_on_every_state(client, three_nodes):
             assert "offline" in offline_rules[node.hostname].annotations["summary"]
         else:
             assert set(engines) == {"not monitored"}
-            assert "no agent has reported" in node_page
+            assert "never reported (no agent)" in node_page
             # Never had an agent: nothing pages anyone about it.
             assert node.hostname not in offline_rules

@@ -88,3 +88,11 @@ def status_label(status):
     from controlplane.dashboard.nodestatus import LABELS
 
     return LABELS.get(status, status)
+
+
+@register.filter
+def decision(plan):
+    """The plan's decision view (controlplane.dashboard.decision)."""
+    from controlplane.dashboard.decision import decision_view
+
+    return decision_view(plan)

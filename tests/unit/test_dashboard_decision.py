@@ -1,0 +1,61 @@
+"""The decision view: verdict, binding constraint and chart from the planner's record."""
+
+from types import SimpleNamespace
+
+from controlplane.dashboard.decision import decision_view
+from controlplane.dashboard.svg import bar_chart
+
+
+def _plan(**kw):
+    base = dict(
+        current_layout="aggregated", target_layout="2P:6D", status="proposed",
+        explanation=("m on 8 worker(s) (RTX PRO 6000, TP1), aggregated: 4.0 req/s now. "
+                     "Now aggregated: ITL p95 54 ms. Binding constraint of 2P:6D: decode. "
+                     "→ move toward 2P:6D (predicted goodput 3.9 req/s vs 0.29 req/s now): "
+                     "n1/e0 both→prefill."),
+        predictions={"candidates": [
+            {"layout": "aggregated", "goodput_rps": 0.29, "ttft_p95_s": 0.8,
+             "itl_p95_s": 0.054},
+            {"layout": "2P:6D", "goodput_rps": 3.9, "ttft_p95_s": 1.2, "itl_p95_s": 0.031},
+            {"layout": "1P:7D", "goodput_rps": 0.0, "ttft_p95_s": None, "itl_p95_s": 0.03},
+        ]},
+        record={"action": "change", "observe": {"ttft_target_ms": 2500, "itl_target_ms": 50,
+                                                "move": {"step": 1, "steps_total": 2,
+                                                         "target_layout": "2P:6D"}},
+                "choose": {"binding": "decode step time", "all_miss": False}},
+        diff=[{"worker": "e0", "node": "n1", "from_role": "both", "to_role": "prefill",
+               "done": True}, {"worker": "e1", "node": "n1", "from_role": "both",
+                               "to_role": "prefill", "done": False}],
+        inputs={},
+    )
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def test_verdict_binding_chart_and_progress_come_from_the_record():
+    d = decision_view(_plan())
+    assert d["verdict"].startswith("move toward 2P:6D (predicted goodput 3.9")
+    assert d["binding"] == "decode step time"
+    goodput, ttft, itl = d["charts"]
+    assert [b.label for b in goodput["chart"].bars] == ["aggregated", "2P:6D", "1P:7D"]
+    kinds = {b.label: b.kind for b in itl["chart"].bars}
+    assert kinds == {"aggregated": "current over", "2P:6D": "chosen", "1P:7D": ""}
+    assert itl["chart"].target_y is not None and ttft["target"] == 2.5
+    # Unbounded (None) is drawn full height and labelled ∞, never as zero.
+    unbounded = ttft["chart"].bars[2]
+    assert unbounded.text == "∞" and "unbounded" in unbounded.kind and unbounded.h > 0
+    assert d["progress"]["step"] == 1 and d["progress"]["done"] == 1
+    assert len(d["bullets"]) == 4
+
+
+def test_plans_before_the_record_fall_back_to_their_fields():
+    d = decision_view(_plan(record={}, explanation="long prompts push ITL p95 over 50 ms",
+                            predictions={}, diff=[]))
+    assert d["verdict"] == "move aggregated → 2P:6D" and d["charts"] == []
+    assert d["bullets"] == ["long prompts push ITL p95 over 50 ms"]
+
+
+def test_bar_chart_scales_to_the_largest_value_or_the_target():
+    chart = bar_chart(["a", "b"], [1.0, 2.0], target=4.0)
+    assert chart.bars[1].h > chart.bars[0].h
+    assert chart.target_y < chart.bars[1].y  # the target is above the tallest bar
