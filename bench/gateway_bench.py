@@ -303,12 +303,20 @@ async def _latencies(url: str, n: int, concurrency: int, mode: str) -> list[floa
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process and its threads so far (Linux /proc)."""
+    """User + system CPU so far of a process, its threads and its live child processes
+    (``--workers 2`` runs under a supervisor) (Linux /proc)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
-        return float("nan")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return 0.0
+    total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            children = task.read_text().split()
+        except OSError:
+            continue
+        total += sum(cpu_seconds(int(child)) for child in children)
+    return total
 
 
 def pct(values: list[float], q: float) -> float:

@@ -4,8 +4,9 @@ where (the approximate index). Without it every process sees only its own share 
 traffic and double-books workers.
 
 A small bus over ZMQ on ipc:// sockets: each process binds one PUB socket and subscribes to
-every sibling's. Messages (msgpack): ``["load", worker, d_prefill, d_decode, d_in_flight]``
-(the deltas a Reservation applies), ``["route", model, worker, [chunk hashes]]`` (what
+every sibling's; what one event-loop turn produced goes out as one batch. Messages
+(msgpack): ``["load", worker, d_prefill, d_decode, d_in_flight]`` (the deltas a
+Reservation applies), ``["route", model, worker, [chunk hashes]]`` (what
 ``ApproxPrefixIndex.record`` was told), ``["table", raw]`` (a pushed table lands on one
 process of the group; the others apply it from here), plus a heartbeat each second. A
 sibling silent for ``dead_after_s`` is taken for dead and the load it had added is taken
@@ -54,6 +55,8 @@ class PeerBus:
         self.added: dict[int, defaultdict[str, list[float]]] = {}
         self.last_heard: dict[int, float] = {}
         self.received = 0
+        self._outbox: list[list] = []
+        self._flush_scheduled = False
         self._tasks: list[asyncio.Task] = []
 
     async def start(self) -> None:
@@ -86,10 +89,21 @@ class PeerBus:
     # ------------------------------------------------------------------ sending
 
     def _send(self, message: list) -> None:
+        """Queue a message; everything queued in one event-loop turn goes out as one ZMQ
+        message (a request makes four or five, and a message costs both sides a wake-up)."""
         if self.pub is None:
             return
-        with contextlib.suppress(zmq.Again, zmq.ZMQError):
-            self.pub.send(msgpack.packb([self.index, *message]), zmq.NOBLOCK)
+        self._outbox.append(message)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        batch, self._outbox = self._outbox, []
+        if batch and self.pub is not None:
+            with contextlib.suppress(zmq.Again, zmq.ZMQError):
+                self.pub.send(msgpack.packb([self.index, batch]), zmq.NOBLOCK)
 
     def load(self, worker: str, d_prefill: float, d_decode: float, d_in_flight: int) -> None:
         self._send(["load", worker, d_prefill, d_decode, d_in_flight])
@@ -111,17 +125,24 @@ class PeerBus:
     async def _receive(self) -> None:
         while True:
             raw = await self.sub.recv()
-            try:
-                self.apply(msgpack.unpackb(raw))
-            except Exception:  # a bad message must not stop the bus
-                log.exception("bad gateway bus message")
+            while raw is not None:  # drain what is queued before waiting again
+                try:
+                    peer, batch = msgpack.unpackb(raw)
+                    for message in batch:
+                        self.apply(peer, message)
+                except Exception:  # a bad message must not stop the bus
+                    log.exception("bad gateway bus message")
+                try:
+                    raw = self.sub.recv(zmq.NOBLOCK).result()
+                except zmq.Again:
+                    raw = None
 
-    def apply(self, message: list) -> None:
-        peer, kind = message[0], message[1]
+    def apply(self, peer: int, message: list) -> None:
+        kind = message[0]
         self.last_heard[peer] = time.monotonic()
         self.received += 1
         if kind == "load":
-            worker, d_prefill, d_decode, d_in_flight = message[2:6]
+            worker, d_prefill, d_decode, d_in_flight = message[1:5]
             load = self.loads[worker]
             load.prefill_blocks = max(load.prefill_blocks + d_prefill, 0.0)
             load.decode_blocks = max(load.decode_blocks + d_decode, 0.0)
@@ -131,10 +152,10 @@ class PeerBus:
             mine[1] += d_decode
             mine[2] += d_in_flight
         elif kind == "route":
-            model, worker, hashes = message[2:5]
+            model, worker, hashes = message[1:4]
             self.on_route(model, worker, hashes)
         elif kind == "table" and self.on_table is not None:
-            self.on_table(message[2])
+            self.on_table(message[1])
 
     def _reap(self, now: float) -> None:
         for peer, heard in list(self.last_heard.items()):
