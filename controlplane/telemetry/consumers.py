@@ -275,9 +275,14 @@ class AgentConsumer(AsyncWebsocketConsumer):
         old_channel = await redis.eval(_CLAIM_LUA, 1, keys.live(self.node.pk), gen,
                                        self.channel_name or "", time.time())
         if old_channel and old_channel.decode() != self.channel_name and self.channel_layer:
-            # The same node connected again: the newest connection wins.
-            await self.channel_layer.send(old_channel.decode(),
-                                          {"type": "agent.superseded", "gen": gen})
+            # The same node connected again: the newest connection wins. Best effort: after
+            # a crash of the old server its channels are gone, and their full inbox
+            # (ChannelFull) must not cost the new connection its welcome.
+            try:
+                await self.channel_layer.send(old_channel.decode(),
+                                              {"type": "agent.superseded", "gen": gen})
+            except Exception as exc:
+                log.debug("superseded hint to %s not sent: %r", old_channel, exc)
         await self.send_json({
             "type": "welcome", "protocol": version, "node_id": self.node.pk,
             "cluster_id": self.node.cluster_id, "gen": gen,

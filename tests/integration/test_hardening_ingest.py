@@ -187,3 +187,32 @@ def test_defect9_hellos_of_different_nodes_are_stored_side_by_side(fleet, monkey
     elapsed, welcomes = run(scenario())
     assert all(w["type"] == "welcome" for w in welcomes)
     assert elapsed < 2.5, f"hellos took {elapsed:.2f} s: serialised (≥ 3 s)"
+
+
+def test_defect9_hello_after_a_crash_is_welcomed_though_the_old_channel_is_gone(
+        fleet, monkeypatch):
+    """After kill -9 of the web server, live:<node> still names a channel of the dead
+    process; the superseded hint to it fails (its inbox is full), and must not cost the new
+    connection its welcome (the 500-agent restart bench found it)."""
+    from channels.exceptions import ChannelFull
+    from channels.layers import get_channel_layer
+
+    _c, a, token_a, _b, _ = fleet
+    hotstate.sync_redis().hset(hotstate.Keys().live(a.pk), mapping={
+        "gen": 1, "channel": "specific.deadprocess!abc"})
+    layer = type(get_channel_layer())
+
+    async def full(self, channel, message):
+        raise ChannelFull()
+
+    monkeypatch.setattr(layer, "send", full)
+
+    async def scenario():
+        comm = await connect(token_a)
+        await send(comm, hello())
+        assert (await recv(comm))["type"] == "welcome"
+        await send(comm, report(1))
+        assert (await recv(comm))["type"] == "ack"
+        await comm.disconnect()
+
+    run(scenario())
