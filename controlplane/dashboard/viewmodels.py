@@ -10,6 +10,8 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+import django_filters
+
 from controlplane.accounts.roles import READ, restrict
 from controlplane.routing.models import RoutingTableVersion
 from controlplane.topology.choices import NodeStatus, Role, WorkerState
@@ -32,7 +34,8 @@ FILTER_KEYS = ("cluster", "rack", "model", "role", "status")
 
 @dataclass
 class Filters:
-    """What the topology viewer is looking at (the query string, validated)."""
+    """What the topology viewer is looking at: the query string, validated (unknown roles
+    and statuses dropped); applied to nodes by :class:`TopologyFilterSet`."""
 
     cluster: str = ""
     rack: str = ""
@@ -181,24 +184,40 @@ def node_cards(node_rows: list[dict], filters: Filters) -> list[NodeCard]:
     return cards
 
 
+class TopologyFilterSet(django_filters.FilterSet):
+    """The topology page's filters (django-filter, like the API's lists): cluster and rack
+    by name, model, role (``draining`` = a draining worker) and the one node status
+    (``not-monitored`` = never reported)."""
+
+    cluster = django_filters.CharFilter(field_name="cluster__name")
+    rack = django_filters.CharFilter(method="_rack")
+    model = django_filters.CharFilter(field_name="workers__served_model__name")
+    role = django_filters.CharFilter(method="_role")
+    status = django_filters.CharFilter(method="_status")
+
+    class Meta:
+        model = Node
+        fields: list[str] = []
+
+    def _rack(self, qs, name, value):
+        return qs.filter(rack="" if value == "—" else value)
+
+    def _role(self, qs, name, value):
+        if value == "draining":
+            return qs.filter(workers__state=WorkerState.DRAINING)
+        return qs.filter(workers__desired_role=value)
+
+    def _status(self, qs, name, value):
+        if value == nodestatus.NOT_MONITORED:
+            return qs.filter(status=NodeStatus.UNKNOWN, last_seen__isnull=True)
+        return qs.filter(status=value)
+
+
 def visible_nodes(user, filters: Filters):
     clusters = restrict(Cluster.objects.all(), user, READ)
     nodes = Node.objects.filter(cluster__in=clusters)
-    if filters.cluster:
-        nodes = nodes.filter(cluster__name=filters.cluster)
-    if filters.rack:
-        nodes = nodes.filter(rack="" if filters.rack == "—" else filters.rack)
-    if filters.status == nodestatus.NOT_MONITORED:
-        nodes = nodes.filter(status=NodeStatus.UNKNOWN, last_seen__isnull=True)
-    elif filters.status:
-        nodes = nodes.filter(status=filters.status)
-    if filters.model:
-        nodes = nodes.filter(workers__served_model__name=filters.model)
-    if filters.role == "draining":
-        nodes = nodes.filter(workers__state=WorkerState.DRAINING)
-    elif filters.role:
-        nodes = nodes.filter(workers__desired_role=filters.role)
-    return nodes.distinct()
+    data = {k: v for k, v in vars(filters).items() if v}
+    return TopologyFilterSet(data, queryset=nodes).qs.distinct()
 
 
 NODE_FIELDS = ("id", "hostname", "cluster_id", "cluster__name", "rack", "status", "last_seen")

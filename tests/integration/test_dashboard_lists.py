@@ -78,3 +78,15 @@ def test_routing_history_reads_as_diffs():
     assert lines[0]["detail"] == "both → prefill"
     assert lines[1]["detail"] == "weight 0.4 → 0.6"
     assert lines[2]["detail"] == "+2 / −1 (now 3)"
+
+
+def test_topology_filterset_role_draining_and_not_monitored(viewer):
+    from controlplane.topology.models import Node, Worker
+
+    worker = Worker.objects.filter(node__hostname="rtxpro-01").first()
+    Worker.objects.filter(pk=worker.pk).update(state="draining")
+    html = viewer.get("/?role=draining").content.decode()
+    assert "rtxpro-01" in html and "rtxpro-02" not in html
+    Node.objects.exclude(hostname="rtxpro-02").update(status="online")
+    html = viewer.get("/?status=not-monitored").content.decode()
+    assert "rtxpro-02" in html and "rtxpro-01" not in html
