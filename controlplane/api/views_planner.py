@@ -43,7 +43,7 @@ class PlanSerializer(serializers.ModelSerializer):
 
 class PlanDetailSerializer(PlanSerializer):
     class Meta(PlanSerializer.Meta):
-        fields = [*PlanSerializer.Meta.fields, "inputs", "predictions", "chosen"]
+        fields = [*PlanSerializer.Meta.fields, "inputs", "predictions", "chosen", "record"]
 
 
 class PlanRejectSerializer(serializers.Serializer):
@@ -84,7 +84,7 @@ class PlanViewSet(RestrictedMixin, viewsets.ReadOnlyModelViewSet):
     def get_queryset(self):
         queryset = super().get_queryset()
         if self.action == "list":
-            queryset = queryset.defer("inputs", "predictions", "chosen")
+            queryset = queryset.defer("inputs", "predictions", "chosen", "record")
         return queryset
 
     def get_serializer_class(self):

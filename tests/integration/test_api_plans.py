@@ -31,6 +31,7 @@ def test_list_and_detail(fleet):
     assert "inputs" not in listed.json()["results"][0]
     detail = client.get(f"/api/v1/plans/{plan.pk}/").json()
     assert detail["inputs"] == {"seen": 1} and detail["served_model"]["id"] == fleet["model"].pk
+    assert detail["record"] == {}  # the planner's decision record (empty for a hand-made plan)
 
 
 def test_operator_approves_viewer_cannot(fleet):

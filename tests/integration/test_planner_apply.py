@@ -205,3 +205,23 @@ def test_celery_worker_runs_the_planning_task(h200_cluster, settings):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=5)
+
+
+def test_the_decision_record_is_stored_with_the_plan_and_the_state(h200_cluster):
+    write_hot_state(h200_cluster, rag_load)
+    plan = run_planning(h200_cluster)[0]
+    rec = plan.record
+    assert rec["action"] == "change" and rec["reason"] == plan.chosen["reason"]
+    assert rec["observe"]["layout_label"] == "aggregated"
+    assert rec["gate"]["verdict"] == "go" and rec["step"]["changes"] == len(plan.diff)
+    assert rec["memory"]["target_layout"] == plan.target_layout
+    state = ModelPlannerState.objects.get(served_model=plan.served_model)
+    assert state.last_record["reason"] == rec["reason"]
+    assert state.move_memory["target_layout"] == plan.target_layout
+    # The next cycle sees the move under way (the plan is still only proposed, so the
+    # roles have not changed: the move is at step 1).
+    run_planning(h200_cluster)
+    state.refresh_from_db()
+    move = state.last_record["observe"]["move"]
+    assert move["target_layout"] == plan.target_layout and move["step"] == 1
+    assert state.last_record["label"].startswith(f"aggregated → {plan.target_layout}, step 1 of")
