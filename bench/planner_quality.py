@@ -252,12 +252,22 @@ class PlannerController:
         return out
 
 
+# "pdplane" (default): gateway.router via GatewayRouter; "dynamo": the simulator's former
+# built-in router (bench/routing_baselines.DynamoCostRouter), for comparison with old rows.
+ROUTER = ["pdplane"]
+
+
 def run_fleet(cluster, workload, slo, roles=None, controller=False, warmup_s=0.0,
               duration_s=None, deadline_factor=DEADLINE_FACTOR):
     engines = sim_engines(cluster, roles)
     ctl = PlannerController(cluster, engines, slo) if controller else None
     deadline = deadline_factor * slo["ttft_ms"] / 1000.0 if deadline_factor > 0 else None
-    fleet = VirtualFleet(engines, sim_links(cluster), controller=ctl,
+    router = None  # the fleet's default: the gateway's router
+    if ROUTER[0] == "dynamo":
+        from bench.routing_baselines import DynamoCostRouter
+
+        router = DynamoCostRouter()
+    fleet = VirtualFleet(engines, sim_links(cluster), router=router, controller=ctl,
                          control_interval_s=CONTROL_INTERVAL_S, queue_deadline_s=deadline)
     result = fleet.run(workload)
     s = result.summary(slo["ttft_ms"], slo["itl_ms"])
@@ -375,7 +385,10 @@ def main() -> None:
                     help="shed requests still queued this many TTFT targets after arrival "
                          "(0: no shedding)")
     ap.add_argument("--json", default="", help="write the results here")
+    ap.add_argument("--router", choices=("pdplane", "dynamo"), default="pdplane",
+                    help="pdplane: the gateway's router; dynamo: the former sim router")
     args = ap.parse_args()
+    ROUTER[0] = args.router
     names = [x for x in args.only.split(",") if x] or WORKLOADS
     jobs = []
     for cname in args.clusters.split(","):
