@@ -196,3 +196,22 @@ def test_plans_list_pages_with_filters_kept(asgi_server, page):
     page.wait_for_url("**page=2")
     assert "status=rejected" in page.url and "page 2 of 2" in page.inner_text("#plans-live")
     screenshot(page, "plans-paged")
+
+
+def test_whatif_infeasible_answer_in_the_browser(asgi_server, page):
+    call_command("load_sample_fleets", stdout=io.StringIO())
+    _operator()
+    login(page, asgi_server, "operator1", PASSWORD)
+    page.goto(f"{asgi_server}/models/")
+    page.select_option("select[name=gpu]", label="RTX PRO 6000")
+    page.select_option("select[name=model]", label="llama-3.3-70b-fp8")
+    for name, value in (("nodes", "2"), ("gpus_per_node", "8"), ("nic_gbps", "100"),
+                        ("isl", "4000"), ("osl", "300"), ("rate_rps", "4"),
+                        ("ttft_slo_ms", "2500"), ("itl_slo_ms", "50")):
+        page.fill(f"input[name={name}]", value)
+    page.click(".whatif-form button[type=submit]")
+    page.wait_for_selector("#whatif-answer .infeasible")
+    text = page.inner_text("#whatif-answer .infeasible")
+    assert text.startswith("No layout meets the targets.")
+    assert "Binding: the ITL target 50 ms is below the batch-1 decode step" in text
+    page.locator("#whatif").screenshot(path=str(screenshot_path("whatif-infeasible")))

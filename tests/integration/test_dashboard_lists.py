@@ -90,3 +90,14 @@ def test_topology_filterset_role_draining_and_not_monitored(viewer):
     Node.objects.exclude(hostname="rtxpro-02").update(status="online")
     html = viewer.get("/?status=not-monitored").content.decode()
     assert "rtxpro-02" in html and "rtxpro-01" not in html
+
+
+def test_whatif_infeasible_answer_leads_with_the_binding_constraint(viewer):
+    answer = viewer.get("/models/whatif", {
+        "gpu": "RTX PRO 6000", "model": "llama-3.3-70b-fp8", "nodes": 2, "gpus_per_node": 8,
+        "nic_gbps": 100, "isl": 4000, "osl": 300, "rate_rps": 4, "ttft_slo_ms": 2500,
+        "itl_slo_ms": 50,
+    }).content.decode()
+    head = answer.index("No layout meets the targets.")
+    binding = answer.index("<b>Binding: the ITL target 50 ms is below the batch-1 decode step")
+    assert head < binding < answer.index('<table class="candidates">')
