@@ -2,7 +2,8 @@
 
 Cost of sending a request to worker *w* (Dynamo's KV router, current form)::
 
-    prefill_term = load_weight × max(prefill_blocks(w) − overlap_weight × cached_blocks(w), 0)
+    prefill_term = load_weight × (queued_blocks(w) + request_blocks
+                                  − min(overlap_weight × cached_blocks(w), request_blocks))
     decode_term  = decode_blocks(w)
     cost(w)      = prefill_term + decode_term
 
@@ -11,19 +12,26 @@ the blocks it adds to the worker's KV (prompt blocks not already cached there, s
 caching shares them, plus its output), so a worker holding the prefix is cheaper on both
 terms. ``cost_of(kv_reuse=False)`` is Dynamo's exact form (unit-tested on its worked example).
 
-where ``prefill_blocks`` = blocks the worker is still prefilling for other requests + this
-prompt's blocks, ``cached_blocks`` = this prompt's blocks the worker already holds, and
+where ``queued_blocks`` = blocks the worker is still prefilling for other requests,
+``cached_blocks`` = this prompt's blocks the worker already holds (the credit offsets only
+this prompt's own blocks, never work queued ahead of it: a cached prefix cannot make an
+overloaded worker look idle; with ``overlap_weight`` ≤ 1 this is Dynamo's form), and
 ``decode_blocks`` = KV blocks of the worker's running requests + this request's. Lowest
 cost wins; ties go to fewer in-flight requests, then to a random pick. With temperature
 T > 0 the pick samples softmax(−normalised cost / T).
 
-Prefix affinity comes first (SGLang's and vllm-router's ``cache_aware`` rule): when some
-worker holds at least ``prefix_min_match`` of the prompt (0.3) and in-flight requests are not
-imbalanced (max − min > ``imbalance_abs`` AND max > ``imbalance_rel`` × min; 64 and 1.5), the
-request follows the longest cached prefix (ties: lowest cost). A long match saves a whole
-prefill, which the cost above prices at most twice its blocks, while a few requests' worth
-of in-flight KV difference between workers outweighs that and sends the prefix elsewhere,
-where it is computed again. Short or no matches, and imbalanced load, go by the cost.
+Prefix affinity comes first (SGLang's and vllm-router's ``cache_aware`` rule), bounded by
+load: the request follows the longest cached prefix covering at least ``prefix_min_match``
+of the prompt (0.3) among the holders that :class:`AffinityBound` admits — in-flight
+requests and queued prefill at most ``affinity_load_factor`` (1.5) × the candidates' mean
+(+ one request), KV in use at most ``affinity_kv_limit`` (0.9) of capacity — ties to the
+lowest cost. Means scale with the number of workers and with their pressure, where the
+older fleet-wide guard (max − min in-flight > ``imbalance_abs`` AND max > ``imbalance_rel``
+× min; 64 and 1.5, still applied) almost never fires at 8+ workers under overload. A long
+match saves a whole prefill, which the cost above prices at most twice its blocks, while a
+few requests' worth of in-flight KV difference outweighs that and would send the prefix
+elsewhere, to be computed again. Short or no matches, and overloaded holders, go by the
+cost.
 
 Among workers whose cost is within ``cache_balance_band`` (0.1 = 10 %) of the cheapest,
 the one that took the least new KV lately wins (vllm-router's "smallest tree" idea, within
@@ -32,9 +40,12 @@ the same length of history, and a prefix reused a while later is likelier to be 
 
 P/D (modes ``conditional`` and ``disaggregated``), in the spirit of llm-d: pick the decode
 worker first; in ``conditional`` mode, if the prompt's part not cached on that worker is at
-most ``local_prefill_max_tokens``, it prefills locally. Otherwise pick a prefill worker by
-prefill cost plus a KV-transfer penalty that grows as the link from it to the chosen decode
-worker gets slower (NVLink ≪ RDMA < TCP < unknown), so fast pairs are preferred.
+most ``local_prefill_max_tokens``, it prefills locally (when the worker the cache pointed to
+would not prefill locally anyway, the decode worker is picked again by load alone, as in
+``disaggregated`` mode: its cache would save only part of a transfer). Otherwise pick a
+prefill worker by prefill cost plus a KV-transfer penalty that grows as the link from it to
+the chosen decode worker gets slower (NVLink ≪ RDMA < TCP < unknown), so fast pairs are
+preferred.
 """
 
 from __future__ import annotations
