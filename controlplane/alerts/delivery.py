@@ -101,9 +101,11 @@ class WebhookDeliverer(Deliverer):
     def backoff(self) -> Backoff:
         return Backoff(load().retry_schedule_s, JITTER)
 
-    def deliver(self, message, worker_name: str) -> Result:
+    def load(self, pk: int) -> Delivery:
+        return Delivery.objects.select_related("endpoint").get(pk=pk)
+
+    def deliver(self, d: Delivery, worker_name: str) -> Result:
         conf = load()
-        d = Delivery.objects.select_related("endpoint").get(pk=message.pk)
         endpoint = d.endpoint
         if not endpoint.enabled:
             return Result("cancelled", DeliveryStatus.CANCELLED)

@@ -32,7 +32,7 @@ IN_FLIGHT = (Status.PENDING, Status.SENDING)
 class Message(TimestampedModel):
     """One message to one receiver; the unit of claim, lease and retry."""
 
-    kind = models.CharField(max_length=32, db_index=True, editable=False,
+    kind = models.CharField(max_length=32, editable=False,
                             help_text="Which deliverer sends it (outbox.registry)")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     outcome = models.CharField(
@@ -58,10 +58,10 @@ class Message(TimestampedModel):
 
     class Meta:
         ordering = ["-created"]
-        indexes = [
-            models.Index(fields=["status", "next_attempt_at"], name="outbox_due"),
-            models.Index(fields=["status", "lease_until"], name="outbox_leases"),
-        ]
+        # One index: due rows in order (claims), and the few claimed ones (reclaims).
+        # Every claim and attempt rewrites status, so each extra index costs writes;
+        # ``kind`` is a filter on the few pending rows, not worth one.
+        indexes = [models.Index(fields=["status", "next_attempt_at"], name="outbox_due")]
 
     def __str__(self):
         return f"{self.kind} #{self.pk} ({self.status})"

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .backoff import Backoff
+from .models import Message
 
 
 @dataclass
@@ -45,9 +46,14 @@ class Deliverer:
     def backoff(self) -> Backoff:
         raise NotImplementedError
 
+    def load(self, pk: int) -> Message:
+        """The claimed row, as the child model ``deliver`` reads (one query: override
+        with ``select_related``)."""
+        return Message.objects.get(pk=pk)
+
     def deliver(self, message, worker: str) -> Result:
-        """Send one message this worker has claimed. Should not raise on I/O errors; an
-        exception is recorded as a transient failure."""
+        """Send one message this worker has claimed (as :meth:`load` returned it).
+        Should not raise on I/O errors; an exception is recorded as a transient failure."""
         raise NotImplementedError
 
 

@@ -50,8 +50,9 @@ def claim(pk: int, worker: str, *, now: datetime, lease_s: float, due_only: bool
     )
 
 
-def claim_next_due(kinds: Iterable[str], worker: str, *, now: datetime) -> int | None:
-    """Claim the message that has been due longest; None when nothing is due."""
+def claim_next_due(kinds: Iterable[str], worker: str, *, now: datetime
+                   ) -> tuple[int, str] | None:
+    """Claim the message that has been due longest: (pk, kind), None when nothing is due."""
     due = _of_kinds(Message.objects.filter(status=Status.PENDING, next_attempt_at__lte=now),
                     kinds)
     for _ in range(5):  # lost races: try the next candidate
@@ -60,7 +61,7 @@ def claim_next_due(kinds: Iterable[str], worker: str, *, now: datetime) -> int |
             return None
         pk, kind = row
         if claim(pk, worker, now=now, lease_s=registry.get(kind).lease_s(), due_only=True):
-            return pk
+            return pk, kind
     return None
 
 

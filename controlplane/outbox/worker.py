@@ -24,17 +24,17 @@ def worker_identity() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
-def deliver_claimed(pk: int, worker: str) -> str:
+def deliver_claimed(pk: int, kind: str, worker: str) -> str:
     """Send one message this worker has claimed and record the attempt; returns the
     outcome recorded."""
-    message = Message.objects.get(pk=pk)
-    deliverer = registry.get(message.kind)
+    deliverer = registry.get(kind)
+    message = deliverer.load(pk)
     started = timezone.now()
     t0 = time.perf_counter()
     try:
         result = deliverer.deliver(message, worker)
     except Exception as exc:  # one bad message must not stop the others
-        log.exception("outbox %s #%s: the deliverer failed", message.kind, pk)
+        log.exception("outbox %s #%s: the deliverer failed", kind, pk)
         result = Result("crashed", error=f"{type(exc).__name__}: {exc}"[:2000],
                         latency_ms=(time.perf_counter() - t0) * 1000)
     return store.record(message, worker, result, started)
@@ -57,10 +57,11 @@ def drain(
     for _ in range(batch):
         if time.monotonic() > deadline:
             break
-        pk = store.claim_next_due(kinds, worker, now=timezone.now())
-        if pk is None:
+        claimed = store.claim_next_due(kinds, worker, now=timezone.now())
+        if claimed is None:
             break
-        outcome = deliver_claimed(pk, worker)
+        pk, kind = claimed
+        outcome = deliver_claimed(pk, kind, worker)
         counts[outcome] = counts.get(outcome, 0) + 1
     return counts
 
@@ -72,4 +73,4 @@ def send_now(message: Message, worker: str | None = None) -> str | None:
     lease = registry.get(message.kind).lease_s()
     if not store.claim(message.pk, worker, now=timezone.now(), lease_s=lease):
         return None
-    return deliver_claimed(message.pk, worker)
+    return deliver_claimed(message.pk, message.kind, worker)

@@ -107,8 +107,10 @@ class RoutingPushDeliverer(Deliverer):
     def backoff(self) -> Backoff:
         return BACKOFF
 
-    def deliver(self, message, worker_name: str) -> Result:
-        delivery = GatewayDelivery.objects.select_related("gateway", "table").get(pk=message.pk)
+    def load(self, pk: int) -> GatewayDelivery:
+        return GatewayDelivery.objects.select_related("gateway", "table").get(pk=pk)
+
+    def deliver(self, delivery: GatewayDelivery, worker_name: str) -> Result:
         gateway, table = delivery.gateway, delivery.table
         latest = latest_table(gateway.cluster_id)
         if latest is not None and latest.version > table.version:

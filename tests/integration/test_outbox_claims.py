@@ -74,7 +74,7 @@ def test_not_yet_due_and_other_kinds_are_left_alone(fake):
     later = message(next_attempt_at=timezone.now() + timedelta(hours=1))
     assert store.claim_next_due([KIND], "w", now=timezone.now()) is None
     assert store.claim_next_due(["other.kind"], "w", now=later.next_attempt_at) is None
-    assert store.claim_next_due([KIND], "w", now=later.next_attempt_at) == later.pk
+    assert store.claim_next_due([KIND], "w", now=later.next_attempt_at) == (later.pk, KIND)
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="threads need a real server")
