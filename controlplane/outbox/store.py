@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 
 from django.db import transaction
 from django.db.models import F
+from django.db.models.signals import post_save
 from django.utils import timezone
 
 from . import registry
@@ -154,6 +155,12 @@ def record(message: Message, worker: str, result: Result, started: datetime) -> 
             )
         if result.then is not None:
             result.then()
+        # Conditional UPDATEs send no signals; listeners of the row's own model (live
+        # page hints) hear of the answer as if it had been saved.
+        for name, value in updates.items():
+            setattr(message, name, value)
+        post_save.send(sender=type(message), instance=message, created=False,
+                       update_fields=frozenset(updates), raw=False, using=message._state.db)
     return outcome
 
 

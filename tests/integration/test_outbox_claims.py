@@ -167,6 +167,23 @@ def test_a_late_success_wins_over_a_reclaim(fake):
     assert m.status == Status.DELIVERED
 
 
+def test_an_answer_is_announced_like_a_save(fake):
+    from django.db.models.signals import post_save
+
+    heard = []
+
+    def listener(sender, instance, **kwargs):
+        heard.append((instance.pk, instance.status, instance.outcome))
+
+    post_save.connect(listener, sender=Message)
+    try:
+        m = message()
+        worker.drain([KIND])
+    finally:
+        post_save.disconnect(listener, sender=Message)
+    assert heard[-1] == (m.pk, Status.DELIVERED, "ok")
+
+
 def test_cancel_and_redeliver(fake):
     m = message()
     assert store.cancel(Message.objects.filter(pk=m.pk), "superseded") == 1
