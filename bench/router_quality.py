@@ -63,10 +63,10 @@ TRACES = {
     "azure-code": ("azure2023_code.csv", "prefill-heavy-3k-50"),
 }
 ROUTERS = ("pdplane", *BASELINES)
-# "pdplane-before": the router as it was before its affinity was bounded by load (the fixed
-# 64-request imbalance guard only), for before/after rows.
+# "pdplane-unbounded": prefix affinity without the load bound (the fixed 64-request
+# imbalance guard only, as before issue 18).
 # "pdplane-events": plus the precise prefix index fed with the engines' KV events.
-VARIANTS = {"pdplane": {}, "pdplane-before": {"policy": {"affinity_load_factor": 0.0}},
+VARIANTS = {"pdplane": {}, "pdplane-unbounded": {"policy": {"affinity_load_factor": 0.0}},
             "pdplane-events": {"precise": True}}
 NOMINAL_SHARE = 0.25  # of an engine's prefill capacity offered per engine at 1×
 # Latency-oriented chunked prefill (vLLM --max-num-batched-tokens): a 70B step with an

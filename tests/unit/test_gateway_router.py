@@ -328,3 +328,15 @@ def test_conditional_decode_ignores_a_prefix_it_would_not_prefill_locally():
     plan = plan_request(model_of(workers, mode="conditional", threshold=64), 40 * BS,
                         {"D2": 20 * BS}, loads, random.Random(0))
     assert plan.decode == "D1" and plan.prefill == "P" and plan.reason == "pd_remote_prefill"
+
+
+def test_near_ties_go_first_to_the_worker_with_fewer_requests_in_flight():
+    # A is cheapest by 5 % but runs 6 requests, B 2: within the 10 % band B wins, before
+    # the inflow rule (A took less new KV lately) is consulted.
+    loads = {"A": WorkerLoad(0, 100, 6), "B": WorkerLoad(0, 105, 2)}
+    inflow = {"A": 0.0, "B": 900.0}
+    model = model_of([w("A"), w("B")])
+    assert plan_request(model, 10 * BS, {}, loads, random.Random(0), inflow=inflow).decode == "B"
+    # Outside the band the cost decides.
+    far = {"A": WorkerLoad(0, 100, 6), "B": WorkerLoad(0, 130, 2)}
+    assert plan_request(model, 10 * BS, {}, far, random.Random(0), inflow=inflow).decode == "A"
