@@ -147,9 +147,7 @@ PATHS = ["models/0/name", "models/0/mode", "models/0/kv_block_size", "models/0/r
          "models/0/workers/0/kv_paths", "models/0/workers/0/kv_events", "cluster"]
 
 
-@pytest.mark.xfail(strict=False, reason="gateway table validation and the control plane's "
-                   "JSON Schema may still disagree on some types (H4, issue 19); see the "
-                   "assertion message for the first difference found")
+# (Found the gateway taking capacity.tp_size of any type; fixed in 76a41d4.)
 @hsettings(max_examples=40, deadline=None, derandomize=True, phases=[Phase.generate],
            suppress_health_check=list(HealthCheck))
 @given(path=st.sampled_from(PATHS), value=json_values)
@@ -158,5 +156,6 @@ def test_gateway_takes_exactly_what_the_schema_allows(gateway, path, value):
     table = with_(good_table(current + 1), path, value)
     status, body = gateway.put_table(table)
     assert status < 500, (status, body)
-    schema_ok = validate_table(table) == []
-    assert (status == 200) == schema_ok, (path, value, status, body, validate_table(table))
+    # What the control plane would publish to this gateway: schema-valid, for its cluster.
+    publishable = validate_table(table) == [] and table["cluster"] == "c1"
+    assert (status == 200) == publishable, (path, value, status, body, validate_table(table))
