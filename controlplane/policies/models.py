@@ -60,7 +60,8 @@ class Policy(TimestampedModel):
     affinity_kv_limit = _opt_float(
         "Prefix affinity only to a worker using at most this share of its KV (0–1)")
     cache_balance_band = _opt_float(
-        "Costs within this fraction of the lowest count as tied; least new KV wins")
+        "Costs within this fraction of the lowest count as tied: fewest in flight, then "
+        "least new KV")
     shed_after_ttft_factor = _opt_float(
         "Gateway cancels a request with no first token after this many times the TTFT "
         "target (0 = never)"

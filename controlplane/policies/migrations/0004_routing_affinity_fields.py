@@ -23,7 +23,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='policy',
             name='cache_balance_band',
-            field=models.FloatField(blank=True, help_text='Costs within this fraction of the lowest count as tied; least new KV wins', null=True),
+            field=models.FloatField(blank=True, help_text='Costs within this fraction of the lowest count as tied: fewest in flight, then least new KV', null=True),
         ),
         migrations.AddField(
             model_name='policy',
