@@ -216,3 +216,30 @@ def test_defect9_hello_after_a_crash_is_welcomed_though_the_old_channel_is_gone(
         await comm.disconnect()
 
     run(scenario())
+
+
+# --------------------------------------------------------------------------- defect 2
+
+def test_defect2_frames_after_a_superseded_close_are_not_answered(fleet):
+    """After the server closed a connection (4009 here, 4008 in the live-server test), frames
+    already on their way are dropped unanswered: answering them is a send after close,
+    which uvicorn refuses with the RuntimeError that escaped receive()."""
+    _c, _a, token_a, _b, _ = fleet
+
+    async def scenario():
+        old = await connect(token_a)
+        await send(old, hello())
+        assert (await recv(old))["type"] == "welcome"
+        new = await connect(token_a)
+        await send(new, hello())
+        assert (await recv(new))["type"] == "welcome"
+        assert (await recv(old))["code"] == "superseded"
+        assert (await old.receive_output(5))["type"] == "websocket.close"
+        for seq in range(3):
+            await send(old, report(seq))
+        await old.send_to(text_data="{not json")
+        assert await old.receive_nothing(0.5)
+        await old.disconnect()
+        await new.disconnect()
+
+    run(scenario())
