@@ -70,3 +70,16 @@ def test_defect1_api_publish_of_invalid_table_is_a_typed_4xx(admin):
                           {}, format="json")
     assert response.status_code == 400, response.content
     assert "routing table" in response.json()["error"]["message"]
+
+
+def test_defect1_policy_page_refuses_the_same_values(client):
+    """The UI form runs the model's clean(), i.e. the same validate_policy."""
+    fleet = build_fleet()
+    client.force_login(make_user("admin", "ui-admin"))
+    response = client.post(f"/policies/{fleet['cluster'].name}/edit",
+                           {"routing_block_size": "-5", "local_prefill_max_tokens": "-1"})
+    assert response.status_code == 200  # the form again, with its errors
+    errors = response.context["form"].errors
+    assert "routing_block_size" in errors and "local_prefill_max_tokens" in errors
+    fleet["policy"].refresh_from_db()
+    assert fleet["policy"].routing_block_size is None
