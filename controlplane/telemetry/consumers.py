@@ -149,6 +149,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
             log.warning("agent consumer background task failed: %r", task.exception())
 
     async def send_json(self, obj) -> None:
+        if self.closing:  # e.g. a superseded hint or a command after this side closed
+            return
         await self.send(text_data=orjson.dumps(obj).decode())
 
     async def close(self, code=None, reason=None):

@@ -243,3 +243,27 @@ def test_defect2_frames_after_a_superseded_close_are_not_answered(fleet):
         await new.disconnect()
 
     run(scenario())
+
+
+def test_defect2_channel_messages_after_the_close_are_not_sent(fleet):
+    """A superseded hint that reaches a connection this side already closed is not
+    answered (it would be a send after close: a RuntimeError outside receive())."""
+    _c, _a, token_a, _b, _ = fleet
+
+    async def scenario():
+        comm = await connect(token_a)
+        await send(comm, hello())
+        assert (await recv(comm))["type"] == "welcome"
+        for _ in range(consumers.ERROR_LIMIT + 1):
+            await comm.send_to(text_data="{not json")
+        outputs = [await comm.receive_output(5) for _ in range(consumers.ERROR_LIMIT + 1)]
+        assert outputs[-1] == {"type": "websocket.close", "code": 4008}
+        live = await asyncio.to_thread(hotstate.live_connection, _a.pk)
+        from channels.layers import get_channel_layer
+
+        await get_channel_layer().send(live["channel"], {"type": "agent.superseded",
+                                                         "gen": -1})
+        assert await comm.receive_nothing(1.0)
+        await comm.disconnect()
+
+    run(scenario())
