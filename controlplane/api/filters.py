@@ -91,6 +91,8 @@ class _AnyOfField(forms.Field):
         super().__init__(**kwargs)
 
     def clean(self, value):
+        if isinstance(value, str):  # a plain dict (the live views' parsed query), not a QueryDict
+            value = [value]
         raws = [v for v in (value or []) if v != ""]
         try:
             return [_parse(self.model_field, raw) for raw in raws]

@@ -101,3 +101,13 @@ def test_whatif_infeasible_answer_leads_with_the_binding_constraint(viewer):
     head = answer.index("No layout meets the targets.")
     binding = answer.index("<b>Binding: the ITL target 50 ms is below the batch-1 decode step")
     assert head < binding < answer.index('<table class="candidates">')
+
+
+def test_live_views_plain_dict_query_filters_like_a_querydict(viewer):
+    from controlplane.api.filters import apply_filters
+
+    _plans(3)
+    _plans(2, status="rejected")
+    plans, errors = apply_filters(Plan.objects.all(), PlanViewSet.filter_fields,
+                                  {"status": "rejected"})
+    assert errors == {} and plans.count() == 2
