@@ -142,8 +142,8 @@ def pick(
     ``inflow``) the one that took the least new KV lately, then the lowest cost. The KV
     difference inside the band is small, while SLOs are counted per request: on one engine
     every prefill chunk stalls every running decode, so requests, not blocks, are what to
-    even out (in the routing benchmark this tie order lifted pdplane's goodput in 7 of 9
-    cells at 32 engines). Spreading new KV evenly keeps the same length of history in every
+    even out (in bench/router_quality.py this tie order lifted pdplane's goodput in 13 of
+    18 cells, docs/benchmarks.md). Spreading new KV evenly keeps the same length of history in every
     engine's LRU cache, so a prefix reused later is still there wherever it went."""
     if not scores:
         raise NoWorkerError("no candidate workers")
