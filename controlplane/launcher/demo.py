@@ -156,6 +156,7 @@ def seed(ports: DemoPorts, var_dir: Path) -> dict:
             token_file.chmod(0o600)
         tokens[host] = token_file
         h200 = gpu_fields("NVIDIA H200", nvlink_group_size=NVLINK_GROUP)
+        h200.pop("nvlink_group_size")  # a property of the node's layout, not a GPU column
         for gpu in range(GPUS_PER_NODE):
             gpu_row, _ = GPU.objects.update_or_create(
                 node=node, index=gpu,
