@@ -53,8 +53,10 @@ def node_context(user, node) -> dict:
         sparks = []
         for key, label, y_max, target_key in SPARK_METRICS:
             target = slo.get(target_key) if target_key else None
-            sparks.append({"label": label,
-                           "chart": line_chart(series.get(key) or [], y_max=y_max, target=target)})
+            chart = line_chart(series.get(key) or [], width=260, height=48, y_max=y_max,
+                               target=target)
+            sparks.append({"label": label, "chart": chart, "last": _fmt(key, chart.last),
+                           "top": _fmt(key, chart.y_max)})
         engines.append({"worker": w, "live": live, "sparks": sparks, "slo": slo,
                         "state": nodestatus.engine_state_label(w.state, card.status),
                         "gpus": sorted(g.index for g in w.gpus.all())})
@@ -73,6 +75,17 @@ def gpu_estimates(node) -> list[tuple[str, str]]:
     products = sorted({g.product_name for g in node.gpus.all() if not g.missing})
     found = [pdcatalog.lookup_gpu(p) for p in products]
     return [(f.query, f.reason) for f in found if f.estimated]
+
+
+def _fmt(metric: str, value) -> str:
+    """A sparkline's value as read: KV share in %, latencies in ms, rates as numbers."""
+    if value is None:
+        return "no data"
+    if metric == "kv_usage":
+        return f"{value * 100:.0f}%"
+    if metric.endswith("_s"):
+        return f"{value * 1000:.0f} ms"
+    return f"{value:,.0f}"
 
 
 def _slo(worker) -> dict:
