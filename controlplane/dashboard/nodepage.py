@@ -83,7 +83,7 @@ def _fmt(metric: str, value) -> str:
         return "no data"
     if metric == "kv_usage":
         return f"{value * 100:.0f}%"
-    if metric.endswith("_s"):
+    if metric.endswith("_p95_s"):
         return f"{value * 1000:.0f} ms"
     return f"{value:,.0f}"
 
