@@ -395,6 +395,9 @@ def main() -> None:
     ap.add_argument("--clusters", default=",".join(CLUSTERS))
     ap.add_argument("--only", default="demo,azure-diurnal,mooncake-step")
     ap.add_argument("--all-static", action="store_true")
+    ap.add_argument("--stride", type=int, default=0,
+                    help="static layouts every STRIDE prefill counts (default 1 for 8 "
+                         "workers, 4 above)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", default="")
     args = ap.parse_args()
@@ -405,7 +408,7 @@ def main() -> None:
     jobs = []
     for c in clusters:
         n = CLUSTERS[c]["nodes"] * CLUSTERS[c]["gpus_per_node"] // CLUSTERS[c]["tp"]
-        stride = 1 if args.all_static or n <= 8 else 4
+        stride = args.stride or (1 if args.all_static or n <= 8 else 4)
         if args.quick:
             stride = 2
         for w in names:
