@@ -17,7 +17,7 @@ from controlplane.topology.models import Cluster, ServedModel
 
 from .calibration import CalibrationBook
 from .costmodel import DEFAULT_PARAMS, Link, ModelSpec, WorkerShape, gpu_profile_for
-from .derive import PEAK_DECAY, derive_load, worst_p95
+from .derive import PEAK_DECAY, _num, derive_load, worst_p95
 from .models import OPEN_STATUSES, ModelPlannerState, Plan
 from .placement import NicInput, NodeLinks, WorkerInput
 from .planner import LoadInput, ModelInput
@@ -99,11 +99,6 @@ def _node_links(node) -> NodeLinks:
         if not n.missing
     )
     return NodeLinks(pcie, nvlink, nics)
-
-
-def _num(state: dict | None, key: str) -> float:
-    v = (state or {}).get(key)
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0
 
 
 def gather_cluster(cluster: Cluster) -> ClusterInputs:

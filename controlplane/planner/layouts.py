@@ -41,6 +41,7 @@ from .costmodel import (
     Timing,
     WorkerShape,
     Workload,
+    _clamp,
     effective_gbs,
     kv_capacity_tokens,
     layout_name,
@@ -50,10 +51,6 @@ from .costmodel import (
 
 Z95 = 1.6448536269514722
 POINTS = 8
-
-
-def _clamp(x: float, lo: float, hi: float) -> float:
-    return lo if x < lo else hi if x > hi else x
 
 
 def _normal_tail(z: float) -> float:
