@@ -7,8 +7,9 @@ process, the Mooncake trace replayed by the workload player — exactly
 ``bench/gateway_bench.py``'s ``pdplane`` run (its fleet, table and prompt shrinking).
 Virtual time: the same engines (same model, GPU, block size and KV blocks) in
 ``VirtualFleet`` with ``GatewayRouter`` (``gateway.router`` fed as the gateway feeds it), the
-same workload. Agreement goal: prefix hit rate within 1 point, TTFT p50 within 15 %, so
-that virtual-time results say something about the real-time system.
+same workload. Agreement goal: prefix hit rate within 1 point, TTFT p50 within 15 % (of the
+median of ``--repeat`` real-time runs), so that virtual-time results say something about
+the real-time system.
 """
 
 from __future__ import annotations
@@ -58,27 +59,34 @@ def main() -> int:
     p.add_argument("--num-gpu-blocks", type=int, default=5000)
     p.add_argument("--slo-ttft-ms", type=float, default=2000)
     p.add_argument("--slo-itl-ms", type=float, default=100)
+    p.add_argument("--repeat", type=int, default=3, help="real-time runs (the median counts)")
     p.add_argument("--json", dest="json_out")
     args = p.parse_args()
     args.limit = args.requests
     gb.KV_TOKENS[0] = max(args.num_gpu_blocks, 0) * 16
     workload = gb.scaled_workload(args)
     virtual = virtual_run(args, gb.scaled_workload(args))
+    runs = []
     with tempfile.TemporaryDirectory(prefix="simagree-") as tmp:
-        real = gb._quality_once(args, workload, "pdplane", Path(tmp))
+        for _ in range(max(args.repeat, 1)):
+            runs.append(gb._quality_once(args, workload, "pdplane", Path(tmp)))
+    # Real time is noisy on a shared box: compare the median run (by TTFT p50).
+    real = sorted(runs, key=lambda r: r["ttft_p50_ms"] or 0.0)[len(runs) // 2]
     hit_gap = None
     if real["prefix_hit_rate"] is not None and virtual["prefix_hit_rate"] is not None:
         hit_gap = abs(real["prefix_hit_rate"] - virtual["prefix_hit_rate"]) * 100
     ttft_gap = None
     if real["ttft_p50_ms"] and virtual["ttft_p50_ms"]:
         ttft_gap = abs(virtual["ttft_p50_ms"] / real["ttft_p50_ms"] - 1) * 100
-    out = {"args": vars(args), "virtual": virtual, "real_time": real,
+    out = {"args": vars(args), "virtual": virtual, "real_time": real, "real_time_runs": runs,
            "hit_rate_gap_points": hit_gap, "ttft_p50_gap_pct": ttft_gap,
            "agree": hit_gap is not None and ttft_gap is not None and hit_gap <= 1.0
            and ttft_gap <= 15.0}
     print("| run | hit rate | TTFT p50 ms | TTFT p95 ms | failed |")
     print("|---|---|---|---|---|")
-    for name, r in (("virtual time", virtual), ("real time", real)):
+    rows = [("virtual time", virtual)] + [(f"real time, run {i + 1}", r)
+                                           for i, r in enumerate(runs)]
+    for name, r in rows:
         hit = "-" if r["prefix_hit_rate"] is None else f"{r['prefix_hit_rate']:.2%}"
         print(f"| {name} | {hit} | {r['ttft_p50_ms'] or 0:.0f} | {r['ttft_p95_ms'] or 0:.0f} | "
               f"{r['failed']} |")
