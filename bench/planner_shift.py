@@ -101,6 +101,9 @@ def _poisson(rng, t0, dur, rate):
     return out
 
 
+DEMO_SCALE = {"value": 1.0}  # --demo-scale: multiplies the demo's chat and RAG rates
+
+
 def build_workload(cluster: dict, name: str, phase_s: float, cycles: int):
     """(Workload, phases [(name, start, end)], SLO)."""
     rng = random.Random(17)
@@ -112,8 +115,9 @@ def build_workload(cluster: dict, name: str, phase_s: float, cycles: int):
         # Rates from the fixed arithmetic of prediction_accuracy.base_rate (not the cost
         # model): RAG at load 1, chat at 0.3 (its short prompts make load 1 decode-heavy),
         # quiet at a twentieth of chat's load 1.
-        plan = [("chat", chat, 0.3 * base_rate(cluster, chat)),
-                ("rag", sc["rag-4k"], base_rate(cluster, sc["rag-4k"])),
+        k = DEMO_SCALE["value"]
+        plan = [("chat", chat, 0.3 * k * base_rate(cluster, chat)),
+                ("rag", sc["rag-4k"], k * base_rate(cluster, sc["rag-4k"])),
                 ("quiet", chat, 0.05 * base_rate(cluster, chat))]
         slo = {"ttft_ms": 2500, "itl_ms": 50}
         for c in range(cycles):
@@ -301,7 +305,8 @@ def goodput(results, slo, a: float, b: float) -> float:
 
 
 def run_one(args):
-    cname, wname, p, phase_s, cycles, interval = args
+    cname, wname, p, phase_s, cycles, interval, scale = args
+    DEMO_SCALE["value"] = scale
     cluster = CLUSTERS[cname]
     wl, phases, slo = build_workload(cluster, wname, phase_s, cycles)
     roles = static_roles(cluster, p) if p is not None else None
@@ -398,6 +403,8 @@ def main() -> None:
     ap.add_argument("--stride", type=int, default=0,
                     help="static layouts every STRIDE prefill counts (default 1 for 8 "
                          "workers, 4 above)")
+    ap.add_argument("--demo-scale", type=float, default=1.0,
+                    help="multiply the demo's chat and RAG rates")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", default="")
     args = ap.parse_args()
@@ -412,8 +419,9 @@ def main() -> None:
         if args.quick:
             stride = 2
         for w in names:
-            jobs.append((c, w, None, phase, cycles, args.interval))
-            jobs.extend((c, w, p, phase, cycles, args.interval) for p in range(0, n, stride))
+            jobs.append((c, w, None, phase, cycles, args.interval, args.demo_scale))
+            jobs.extend((c, w, p, phase, cycles, args.interval, args.demo_scale)
+                        for p in range(0, n, stride))
     started = time.perf_counter()
     runs = []
     with multiprocessing.Pool(args.jobs) as pool:
