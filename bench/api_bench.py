@@ -92,7 +92,7 @@ def main() -> None:
     from django.contrib.auth import get_user_model
 
     from controlplane.accounts.models import APIToken
-    from controlplane.accounts.roles import set_role
+    from controlplane.accounts.access import set_role
 
     started = time.perf_counter()
     cluster, gpu_count, worker_count = build(args.nodes, args.gpus_per_node)

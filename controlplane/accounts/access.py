@@ -26,7 +26,7 @@ from django.core.exceptions import FieldError
 from django.db.models import CharField, Q, QuerySet
 from django.db.models.functions import Cast
 
-from .roles import ACTIONS, ROLE_ALLOWS, ROLES, SCOPE_ALLOWS, role_of
+from .roles import ACTIONS, ROLE_ALLOWS, ROLE_CACHE_ATTR, ROLES, SCOPE_ALLOWS, role_of
 
 # How each cluster-scoped model reaches its cluster (an ORM path to the Cluster row, or
 # "pk" for the cluster itself). Models not listed belong to the whole fleet. Labels, not
@@ -322,3 +322,45 @@ def set_cluster_role(cluster, role: str | None, *, user=None, token=None):
     if role is None:
         return None
     return ClusterMembership.objects.create(cluster=cluster, role=role, **who)
+
+
+# --------------------------------------------------------------------------- fleet-wide
+def allowed_actions(user, token=None) -> frozenset[str]:
+    """What ``user`` may do fleet-wide (on every cluster), narrowed by ``token``."""
+    return access_for(user, token).fleet
+
+
+def may_issue_scope(user, scope: str, current_token=None) -> bool:
+    """Whether ``user`` (authenticated through ``current_token``, if any) may create a token
+    of ``scope``: what the new token would allow must not exceed what is allowed now, so a
+    read token cannot mint a write token. A scope above the role is fine — it is clipped.
+    Roles on single clusters count: a cluster viewer may hold a read token."""
+    would_allow = access_for(user).reach & SCOPE_ALLOWS.get(scope, frozenset())
+    return bool(would_allow) and would_allow <= access_for(user, current_token).reach
+
+
+def can(user, action: str, token=None) -> bool:
+    """May ``user`` (through ``token``, if given) perform ``action`` fleet-wide — on every
+    cluster and on objects that belong to none?
+
+    ``action`` is one of read / write / action / admin. For one cluster or one object, ask
+    ``access.can_on`` / ``access.can_on_object``.
+    """
+    if action not in ACTIONS:
+        raise ValueError(f"unknown permission action {action!r}; expected one of {ACTIONS}")
+    return action in allowed_actions(user, token)
+
+
+def set_role(user, role: str | None) -> None:
+    """Put ``user`` in exactly the group for ``role`` (None removes every role)."""
+    from django.contrib.auth.models import Group
+
+    if role is not None and role not in ROLES:
+        raise ValueError(f"unknown role {role!r}; expected one of {ROLES}")
+    user.groups.remove(*Group.objects.filter(name__in=ROLES))
+    if role is not None:
+        group, _ = Group.objects.get_or_create(name=role)
+        user.groups.add(group)
+    if hasattr(user, ROLE_CACHE_ATTR):
+        delattr(user, ROLE_CACHE_ATTR)
+    forget(user)

@@ -5,8 +5,8 @@ from functools import wraps
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 
-from .access import can_anywhere
-from .roles import READ, can
+from .access import can, can_anywhere
+from .roles import READ
 
 
 def role_required(action: str = READ, *, anywhere: bool = False):

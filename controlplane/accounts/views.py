@@ -7,10 +7,11 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
+from .access import may_issue_scope
 from .decorators import role_required
 from .forms import TokenCreateForm
 from .models import APIToken
-from .roles import READ, may_issue_scope, role_of
+from .roles import READ, role_of
 
 
 class LoginView(auth_views.LoginView):

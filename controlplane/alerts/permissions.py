@@ -13,7 +13,8 @@ from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 
 try:
-    from controlplane.accounts.roles import ACTION, READ, WRITE, can
+    from controlplane.accounts.access import can
+    from controlplane.accounts.roles import ACTION, READ, WRITE
 except ImportError:  # accounts app without roles: staff only
     READ, ACTION, WRITE = "read", "action", "write"
 

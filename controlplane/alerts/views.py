@@ -23,23 +23,12 @@ from .models import (
     Silence,
     WebhookEndpoint,
 )
+from .openalerts import open_alerts_context
 from .permissions import ACTION, READ, WRITE, flags, require
 
 
 def _ctx(request, **values):
     return {**flags(request.user), **values}
-
-
-def open_alerts_context(user, fingerprint: str = "") -> dict:
-    """The open alerts table; the dashboard's live fan-out re-renders it (liveregions)."""
-    from controlplane.accounts.access import restrict
-
-    # Scoped: only alerts of clusters ``user`` can see (this also feeds the live fan-out).
-    open_alerts = restrict(Alert.objects.filter(is_open=True), user).order_by(
-        "status", "-severity", "rule")
-    if fingerprint:
-        open_alerts = open_alerts.filter(fingerprint=fingerprint)
-    return {**flags(user), "open_alerts": open_alerts}
 
 
 @require(READ)

@@ -12,8 +12,9 @@ from rest_framework.decorators import action
 from rest_framework.permissions import SAFE_METHODS
 from rest_framework.response import Response
 
+from controlplane.accounts.access import may_issue_scope
 from controlplane.accounts.models import APIToken
-from controlplane.accounts.roles import ACTION, READ, may_issue_scope
+from controlplane.accounts.roles import ACTION, READ
 from controlplane.audit.models import ChangeRecord
 from controlplane.policies.effective import PolicyError
 from controlplane.policies.models import Policy, effective_policy_for

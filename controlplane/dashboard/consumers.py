@@ -173,7 +173,8 @@ class LiveTopologyConsumer(AsyncWebsocketConsumer):
 
     @database_sync_to_async
     def _visible_cluster_groups(self) -> list[str]:
-        from controlplane.accounts.roles import READ, restrict
+        from controlplane.accounts.access import restrict
+        from controlplane.accounts.roles import READ
         from controlplane.topology.models import Cluster
 
         clusters = restrict(Cluster.objects.all(), self.user, READ)

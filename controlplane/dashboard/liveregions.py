@@ -42,8 +42,8 @@ def _routing(user, query) -> dict:
 
 
 def _alerts(user, query) -> dict:
+    from controlplane.alerts.openalerts import open_alerts_context
     from controlplane.alerts.permissions import READ, can
-    from controlplane.alerts.views import open_alerts_context
 
     if not can(user, READ):
         return None

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from django.core.paginator import Paginator
 
-from controlplane.accounts.access import can_anywhere
-from controlplane.accounts.roles import ACTION, READ, restrict
+from controlplane.accounts.access import can_anywhere, restrict
+from controlplane.accounts.roles import ACTION, READ
 from controlplane.audit.models import ChangeRecord
 from controlplane.planner.inputs import measured_latency
 from controlplane.planner.models import Plan, PlanStatus

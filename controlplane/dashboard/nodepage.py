@@ -22,7 +22,8 @@ SPARK_METRICS = (
 
 def node_live_context(user, node_id) -> dict | None:
     """The node page's live part, or None when the node is gone or not visible."""
-    from controlplane.accounts.roles import READ, restrict
+    from controlplane.accounts.access import restrict
+    from controlplane.accounts.roles import READ
     from controlplane.topology.models import Node
 
     if not str(node_id).isdigit():

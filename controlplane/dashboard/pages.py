@@ -9,8 +9,8 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
-from controlplane.accounts.access import can_anywhere, can_on
-from controlplane.accounts.roles import ACTION, READ, restrict
+from controlplane.accounts.access import can_anywhere, can_on, restrict
+from controlplane.accounts.roles import ACTION, READ
 from controlplane.topology.actions import ActionError, drain_worker, resume_worker
 from controlplane.topology.models import Cluster, Worker
 

@@ -14,8 +14,8 @@ from django.db import transaction
 from django.http import HttpResponseForbidden
 from django.shortcuts import get_object_or_404, redirect, render
 
-from controlplane.accounts.access import can_anywhere, can_on
-from controlplane.accounts.roles import ACTION, READ, restrict
+from controlplane.accounts.access import can_anywhere, can_on, restrict
+from controlplane.accounts.roles import ACTION, READ
 from controlplane.policies.effective import POLICY_FIELDS, PolicyError
 from controlplane.policies.models import Policy, effective_policy_for
 from controlplane.topology.models import Cluster, ServedModel

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 import django_filters
 
-from controlplane.accounts.roles import READ, restrict
+from controlplane.accounts.access import restrict
+from controlplane.accounts.roles import READ
 from controlplane.routing.models import RoutingTableVersion
 from controlplane.topology.choices import NodeStatus, Role, WorkerState
 from controlplane.topology.models import (

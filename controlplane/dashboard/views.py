@@ -9,7 +9,8 @@ from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.template.loader import render_to_string
 
-from controlplane.accounts.roles import READ, restrict
+from controlplane.accounts.access import restrict
+from controlplane.accounts.roles import READ
 from controlplane.topology.models import Node
 
 from .viewmodels import (

@@ -9,7 +9,7 @@ from channels.layers import get_channel_layer
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
-from controlplane.accounts.roles import set_role
+from controlplane.accounts.access import set_role
 from controlplane.dashboard.consumers import cluster_group
 from controlplane.topology.models import Node
 

@@ -17,7 +17,7 @@ import time
 import pytest
 from django.contrib.auth import get_user_model
 
-from controlplane.accounts.roles import set_role
+from controlplane.accounts.access import set_role
 from controlplane.telemetry.tokens import issue_token
 from controlplane.topology.models import Cluster, Node, ServedModel
 from tests.conftest import ROOT, free_port, python_env

@@ -5,8 +5,8 @@ from __future__ import annotations
 from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 
+from controlplane.accounts.access import set_role
 from controlplane.accounts.models import APIToken
-from controlplane.accounts.roles import set_role
 from controlplane.policies.models import Policy
 from controlplane.topology.models import (
     GPU,

@@ -6,8 +6,9 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from controlplane.accounts.access import can, restrict, set_role
 from controlplane.accounts.models import APIToken, hash_token
-from controlplane.accounts.roles import can, restrict, role_of, set_role
+from controlplane.accounts.roles import role_of
 from controlplane.topology.models import Cluster
 from tests.integration.api_support import make_user
 

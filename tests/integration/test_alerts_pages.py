@@ -16,7 +16,7 @@ def user(name, role=None, staff=False):
     u = get_user_model().objects.create_user(name, password="pw-123456", is_staff=staff)
     if role:
         try:
-            from controlplane.accounts.roles import set_role
+            from controlplane.accounts.access import set_role
         except ImportError:
             u.is_staff = True
             u.save()

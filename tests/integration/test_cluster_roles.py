@@ -19,8 +19,8 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from controlplane.accounts import access
+from controlplane.accounts.access import set_role
 from controlplane.accounts.models import APIToken, ClusterMembership
-from controlplane.accounts.roles import set_role
 from controlplane.alerts.models import Alert
 from controlplane.audit.models import ChangeRecord
 from controlplane.planner.models import Plan

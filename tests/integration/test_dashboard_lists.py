@@ -7,7 +7,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
-from controlplane.accounts.roles import set_role
+from controlplane.accounts.access import set_role
 from controlplane.api.filters import filterset_for
 from controlplane.api.views_planner import PlanViewSet
 from controlplane.dashboard.routingview import change_lines

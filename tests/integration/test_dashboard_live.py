@@ -10,7 +10,7 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
-from controlplane.accounts.roles import set_role
+from controlplane.accounts.access import set_role
 from controlplane.dashboard.consumers import LiveTopologyConsumer, cluster_group
 from controlplane.topology.models import Cluster, Node
 

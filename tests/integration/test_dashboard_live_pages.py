@@ -11,7 +11,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.test import Client
 
-from controlplane.accounts.roles import set_role
+from controlplane.accounts.access import set_role
 from controlplane.dashboard.consumers import GLOBAL_GROUP, LiveTopologyConsumer, cluster_group
 from controlplane.topology.models import Cluster, Node, ServedModel
 

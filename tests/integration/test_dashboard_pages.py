@@ -6,7 +6,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
-from controlplane.accounts.roles import set_role
+from controlplane.accounts.access import set_role
 from controlplane.topology.models import Node, Worker
 
 pytestmark = pytest.mark.django_db

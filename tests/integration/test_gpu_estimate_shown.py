@@ -8,7 +8,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.utils import timezone
 
-from controlplane.accounts.roles import set_role
+from controlplane.accounts.access import set_role
 from controlplane.alerts.inputs import build_snapshot
 from controlplane.alerts.rules import GPU_PROFILE_ESTIMATED, evaluate
 from controlplane.topology.models import GPU, Cluster, Node

@@ -12,7 +12,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.utils import timezone
 
-from controlplane.accounts.roles import set_role
+from controlplane.accounts.access import set_role
 from controlplane.alerts.inputs import build_snapshot
 from controlplane.alerts.rules import NODE_OFFLINE, evaluate
 from controlplane.telemetry import hotstate

@@ -12,7 +12,7 @@ def test_whatif_view_answers_with_arithmetic_and_rejects_bad_fields(client, djan
     user = django_user_model.objects.create_user("viewer", password="x" * 12)
     client.force_login(user)
     assert client.get("/planner/whatif").status_code == 403  # logged in, but no role anywhere
-    from controlplane.accounts.roles import set_role
+    from controlplane.accounts.access import set_role
 
     set_role(user, "viewer")
     resp = client.get("/planner/whatif", {"gpu": "H200 NVL", "nodes": 4, "nvlink_group_size": 4,

@@ -3,7 +3,8 @@
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 
-from controlplane.accounts.roles import ROLES, set_role
+from controlplane.accounts.access import set_role
+from controlplane.accounts.roles import ROLES
 
 
 class Command(BaseCommand):
