@@ -1,5 +1,6 @@
 """The decision view of one plan: verdict in a line, the binding constraint, a chart of
-predicted goodput / TTFT p95 / ITL p95 per candidate layout with the SLO lines, the move's
+predicted goodput / TTFT p95 / ITL p95 per candidate layout with the SLO lines (and, once
+the plan is applied, the values measured on the layout it left running), the move's
 progress and the explanation as bullets.
 
 Everything comes from what the planner stored with the plan: its decision record
@@ -73,25 +74,80 @@ def _progress(plan, record: dict) -> dict | None:
             "changes": changes, "done": done, "total": len(changes)}
 
 
-def decision_view(plan) -> dict:
+def measured_from_record(record: dict | None, at: float | None = None) -> dict | None:
+    """What the planner measured when it made ``record`` (its observe step): the layout
+    running then, fleet TTFT/ITL p95 (s) and the request rate served (req/s). None when the
+    record holds no measurement at all."""
+    obs = (record or {}).get("observe") if isinstance(record, dict) else None
+    if not isinstance(obs, dict):
+        return None
+    ttft, itl = obs.get("measured_ttft_p95_ms"), obs.get("measured_itl_p95_ms")
+    rate = obs.get("rate_rps")
+    if ttft is None and itl is None and rate is None:
+        return None
+    label = str(obs.get("layout_label") or "")
+    return {
+        # "2P:6D (1 draining)" is still the 2P:6D bar.
+        "layout": label.split(" (", 1)[0],
+        "layout_label": label,
+        "ttft_p95_s": ttft / 1000 if isinstance(ttft, int | float) else None,
+        "itl_p95_s": itl / 1000 if isinstance(itl, int | float) else None,
+        "rate_rps": rate if isinstance(rate, int | float) else None,
+        "at": at,
+    }
+
+
+def measured_after_apply(plan) -> dict | None:
+    """The measurement of the layout an applied plan left running: the planner's first
+    observation after ``applied_at`` — the next stored plan's record, else the model's
+    latest planner record if the planner ran since. None for plans not (yet) applied.
+
+    At most two indexed queries, and only for applied plans."""
+    if getattr(plan, "status", None) != "applied" or not getattr(plan, "applied_at", None):
+        return None
+    from controlplane.planner.models import ModelPlannerState, Plan
+
+    later = (Plan.objects.filter(served_model_id=plan.served_model_id,
+                                 created__gt=plan.applied_at)
+             .order_by("created").values_list("record", "created").first())
+    if later is not None:
+        return measured_from_record(later[0], later[1].timestamp())
+    state = (ModelPlannerState.objects.filter(served_model_id=plan.served_model_id,
+                                              last_run_at__gt=plan.applied_at)
+             .values_list("last_record", "last_run_at").first())
+    if state is not None:
+        return measured_from_record(state[0], state[1].timestamp())
+    return None
+
+
+def decision_view(plan, measured: dict | None = None) -> dict:
+    """``measured``: :func:`measured_after_apply`'s answer for an applied plan; its values
+    are drawn as markers on the running layout's bars."""
     record = plan.record if isinstance(plan.record, dict) else {}
     candidates = _candidates(plan)
     chosen = next((c for c in candidates if c.get("layout") == plan.target_layout), None)
     ttft_slo, itl_slo = _slo(record, plan)
     layouts = [c["layout"] for c in candidates]
     marks = {"chosen": plan.target_layout, "current": plan.current_layout}
+    running = (measured or {}).get("layout")
+    on_chart = bool(measured) and running in layouts
+
+    def at_running(key):
+        return {running: measured.get(key)} if on_chart else None
+
     charts = []
     if candidates:
         charts = [
             {"title": "predicted goodput", "unit": "req/s",
              "chart": bar_chart(layouts, [c.get("goodput_rps") for c in candidates],
-                                marks=marks)},
+                                marks=marks, measured=at_running("rate_rps"))},
             {"title": "TTFT p95", "unit": "s", "target": ttft_slo,
              "chart": bar_chart(layouts, [c.get("ttft_p95_s") for c in candidates],
-                                target=ttft_slo, marks=marks)},
+                                target=ttft_slo, marks=marks,
+                                measured=at_running("ttft_p95_s"))},
             {"title": "ITL p95", "unit": "s", "target": itl_slo,
              "chart": bar_chart(layouts, [c.get("itl_p95_s") for c in candidates],
-                                target=itl_slo, marks=marks)},
+                                target=itl_slo, marks=marks, measured=at_running("itl_p95_s"))},
         ]
     bullets = [s.rstrip(".;") for s in _SENTENCE.split(plan.explanation or "") if s.strip()]
     return {
@@ -102,4 +158,8 @@ def decision_view(plan) -> dict:
         "progress": _progress(plan, record),
         "bullets": bullets,
         "all_miss": bool((record.get("choose") or {}).get("all_miss")),
+        # Shown as text even when the running layout is not one of the candidates (a
+        # mixed layout mid-move): the numbers are true, only the bar to put them on is not.
+        "measured": measured,
+        "measured_on_chart": on_chart,
     }

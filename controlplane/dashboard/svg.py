@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -102,21 +102,41 @@ class Bar:
 
 
 @dataclass(frozen=True)
+class Marker:
+    """A measured value drawn over its layout's bar: a diamond centred on (x, y)."""
+
+    x: float
+    y: float
+    label: str
+    value: float
+    text: str
+
+    @property
+    def path(self) -> str:
+        return f"M{self.x},{self.y - 5} l5,5 l-5,5 l-5,-5 z"
+
+
+@dataclass(frozen=True)
 class BarChart:
     bars: list[Bar]
     width: int
     height: int
     target_y: float | None
     top: float
+    measured: list[Marker] = field(default_factory=list)
 
 
 def bar_chart(labels: Sequence[str], values: Sequence[float | None], *,
               target: float | None = None, marks: dict | None = None,
+              measured: dict[str, float | None] | None = None,
               width: int = 320, height: int = 110) -> BarChart:
     """One bar per label; ``None`` (unbounded or unknown) is drawn as a full hatched bar
-    labelled "∞" rather than as zero. Values above ``target`` are marked "over"."""
+    labelled "∞" rather than as zero. Values above ``target`` are marked "over".
+    ``measured``: label → a measured value, drawn as a marker over that label's bar (the
+    scale includes it, so a measurement far above the prediction stays on the chart)."""
     marks = marks or {}
-    finite = [float(v) for v in values if _finite(v)]
+    measured = {k: float(v) for k, v in (measured or {}).items() if _finite(v) and k in labels}
+    finite = [float(v) for v in values if _finite(v)] + list(measured.values())
     top = max([*finite, target if _finite(target) else 0.0, 0.0]) * 1.1 or 1.0
     plot_h = height - 30  # room for labels under the bars and the value text above
     n = max(len(labels), 1)
@@ -138,4 +158,8 @@ def bar_chart(labels: Sequence[str], values: Sequence[float | None], *,
     target_y = None
     if _finite(target) and 0 <= target <= top:
         target_y = round(12 + plot_h - plot_h * target / top, 1)
-    return BarChart(bars=bars, width=width, height=height, target_y=target_y, top=top)
+    markers = [Marker(b.cx, round(12 + plot_h - plot_h * min(measured[b.label], top) / top, 1),
+                      b.label, measured[b.label], f"{measured[b.label]:.3g}")
+               for b in bars if b.label in measured]
+    return BarChart(bars=bars, width=width, height=height, target_y=target_y, top=top,
+                    measured=markers)

@@ -59,3 +59,47 @@ def test_bar_chart_scales_to_the_largest_value_or_the_target():
     chart = bar_chart(["a", "b"], [1.0, 2.0], target=4.0)
     assert chart.bars[1].h > chart.bars[0].h
     assert chart.target_y < chart.bars[1].y  # the target is above the tallest bar
+
+
+def test_measured_values_of_the_running_layout_are_markers_once_applied():
+    from controlplane.dashboard.decision import measured_from_record
+
+    later = {"observe": {"layout_label": "2P:6D (1 draining)", "measured_ttft_p95_ms": 900.0,
+                         "measured_itl_p95_ms": 62.0, "rate_rps": 3.5}}
+    measured = measured_from_record(later, at=1.0)
+    assert measured["layout"] == "2P:6D" and measured["itl_p95_s"] == 0.062
+    d = decision_view(_plan(status="applied"), measured)
+    goodput, ttft, itl = d["charts"]
+    assert d["measured_on_chart"]
+    (g,), (t,), (i,) = goodput["chart"].measured, ttft["chart"].measured, itl["chart"].measured
+    assert (g.label, g.value, t.value, i.value) == ("2P:6D", 3.5, 0.9, 0.062)
+    # On the chosen bar, and scaled with it: 62 ms is above the 50 ms target line.
+    bar = next(b for b in itl["chart"].bars if b.label == "2P:6D")
+    assert i.x == bar.cx and i.y < itl["chart"].target_y
+    assert g.path.startswith(f"M{g.x},")
+
+
+def test_measured_on_a_layout_that_is_no_candidate_is_text_only():
+    from controlplane.dashboard.decision import measured_from_record
+
+    measured = measured_from_record({"observe": {"layout_label": "1P + 2D + 5 both",
+                                                 "measured_ttft_p95_ms": None,
+                                                 "measured_itl_p95_ms": 40.0,
+                                                 "rate_rps": 1.0}})
+    d = decision_view(_plan(status="applied"), measured)
+    assert not d["measured_on_chart"] and d["measured"]["itl_p95_s"] == 0.04
+    assert all(c["chart"].measured == [] for c in d["charts"])
+
+
+def test_no_measurement_without_an_observation():
+    from controlplane.dashboard.decision import measured_from_record
+
+    assert measured_from_record({}) is None
+    assert measured_from_record({"observe": {"layout_label": "A"}}) is None
+    assert decision_view(_plan())["measured"] is None
+
+
+def test_bar_chart_scale_includes_a_measured_value_above_every_bar():
+    chart = bar_chart(["a", "b"], [1.0, 2.0], measured={"b": 8.0, "zzz": 1.0})
+    assert [m.label for m in chart.measured] == ["b"]
+    assert chart.top >= 8.0 and chart.measured[0].y >= 12

@@ -92,7 +92,8 @@ def status_label(status):
 
 @register.filter
 def decision(plan):
-    """The plan's decision view (controlplane.dashboard.decision)."""
-    from controlplane.dashboard.decision import decision_view
+    """The plan's decision view (controlplane.dashboard.decision), with what was measured
+    on the running layout once the plan is applied."""
+    from controlplane.dashboard.decision import decision_view, measured_after_apply
 
-    return decision_view(plan)
+    return decision_view(plan, measured_after_apply(plan))
