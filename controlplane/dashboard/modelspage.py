@@ -41,10 +41,12 @@ def models_context(user) -> dict:
         worker_states.update(hotstate.cluster_snapshot(cluster_id)["workers"])
     latest_plans = _latest_plans(models)
     timelines = _role_change_timelines(models)
+    policies = {model.pk: effective_policy_for(model)[0] for model in models}
+    histories = _histories(models, policies)
     rows = []
     for model in models:
         mine = [w for w in workers if w.served_model_id == model.pk]
-        policy, _ = effective_policy_for(model)
+        policy = policies[model.pk]
         ttft, itl, source = measured_latency(
             model, [worker_states[w.pk] for w in mine if w.pk in worker_states]
         )
@@ -58,6 +60,7 @@ def models_context(user) -> dict:
             "source": source,
             "plan": latest_plans.get(model.pk),
             "timeline": timelines.get(model.pk, []),
+            "history": histories.get(model.pk),
         })
     return {"rows": rows, "can_act": can_anywhere(user, ACTION)}
 
@@ -87,6 +90,16 @@ def _role_change_timelines(models) -> dict[int, list]:
         label = f"#{plan.pk} {plan.current_layout} → {plan.target_layout} ({plan.status})"
         events.setdefault(plan.served_model_id, []).append((when, label, plan.status))
     return {pk: timeline(ev, start=start, end=end) for pk, ev in events.items()}
+
+
+def _histories(models, policies) -> dict:
+    """Layout and measured p95 vs target over the last hours (controlplane.dashboard.history),
+    on the same 5-minute-stepped axis as the role-change timeline."""
+    import time
+
+    from .history import model_histories
+
+    return model_histories(models, policies, _timeline_end(time.time()))
 
 
 def _timeline_end(now: float) -> float:
