@@ -32,6 +32,11 @@ def _candidates(plan) -> list[dict]:
     for c in predict:
         if isinstance(c, dict) and c.get("layout"):
             rows.setdefault(c["layout"], {}).update({k: v for k, v in c.items() if v is not None})
+    # Mid-move the layout as it is ("2P + 1D + 29 both") is no candidate, but the planner
+    # predicted it (the hold option): its bar goes first, beside what was measured on it.
+    hold = ((plan.record or {}).get("predict") or {}).get("hold_now")
+    if isinstance(hold, dict) and hold.get("layout") and hold["layout"] not in rows:
+        return [dict(hold), *rows.values()]
     return list(rows.values())
 
 
@@ -120,34 +125,69 @@ def measured_after_apply(plan) -> dict | None:
     return None
 
 
+CHART_MAX_BARS = 12
+CHART_BAR_PX = 34  # room for a "24P:8D" label under each bar
+
+
+def _focus(candidates: list[dict], keep: list[str], limit: int = CHART_MAX_BARS):
+    """At most ``limit`` candidates for the chart, in the planner's order: the layouts in
+    ``keep`` (chosen, current, running), the chosen one's neighbours, then the best by
+    predicted goodput. 32 bars in a 320 px chart cannot be read; the rest are counted."""
+    if len(candidates) <= limit:
+        return candidates, 0
+    index = {c["layout"]: i for i, c in enumerate(candidates)}
+    picked = [index[k] for k in keep if k in index]
+    centre = picked[0] if picked else 0
+    for d in range(1, len(candidates)):
+        for i in (centre - d, centre + d):
+            if 0 <= i < len(candidates) and len(set(picked)) < limit - 2:
+                picked.append(i)
+    by_goodput = sorted(range(len(candidates)),
+                        key=lambda i: -(candidates[i].get("goodput_rps") or 0.0))
+    for i in by_goodput:
+        if len(set(picked)) >= limit:
+            break
+        picked.append(i)
+    shown = sorted(set(picked))[:limit]
+    return [candidates[i] for i in shown], len(candidates) - len(shown)
+
+
 def decision_view(plan, measured: dict | None = None) -> dict:
     """``measured``: :func:`measured_after_apply`'s answer for an applied plan; its values
-    are drawn as markers on the running layout's bars."""
+    are drawn as filled markers on the running layout's bars. What the planner measured
+    when it decided (its record's observe step) is drawn as hollow markers on the layout
+    it was deciding from, beside that layout's prediction."""
     record = plan.record if isinstance(plan.record, dict) else {}
-    candidates = _candidates(plan)
-    chosen = next((c for c in candidates if c.get("layout") == plan.target_layout), None)
+    everything = _candidates(plan)
+    chosen = next((c for c in everything if c.get("layout") == plan.target_layout), None)
     ttft_slo, itl_slo = _slo(record, plan)
+    then = measured_from_record(record)
+    running = (measured or {}).get("layout")
+    candidates, hidden = _focus(everything, [plan.target_layout, plan.current_layout,
+                                             running or "", (then or {}).get("layout", "")])
     layouts = [c["layout"] for c in candidates]
     marks = {"chosen": plan.target_layout, "current": plan.current_layout}
-    running = (measured or {}).get("layout")
     on_chart = bool(measured) and running in layouts
+    then_on_chart = bool(then) and then["layout"] in layouts
 
-    def at_running(key):
-        return {running: measured.get(key)} if on_chart else None
+    def at(m, ok, key):
+        return {m["layout"]: m.get(key)} if ok else None
+
+    def chart(key, measured_key, target=None):
+        return bar_chart(layouts, [c.get(key) for c in candidates], target=target,
+                         marks=marks, measured=at(measured, on_chart, measured_key),
+                         observed=at(then, then_on_chart, measured_key),
+                         width=max(320, CHART_BAR_PX * len(layouts) + 8))
 
     charts = []
     if candidates:
         charts = [
             {"title": "predicted goodput", "unit": "req/s",
-             "chart": bar_chart(layouts, [c.get("goodput_rps") for c in candidates],
-                                marks=marks, measured=at_running("rate_rps"))},
+             "chart": chart("goodput_rps", "rate_rps")},
             {"title": "TTFT p95", "unit": "s", "target": ttft_slo,
-             "chart": bar_chart(layouts, [c.get("ttft_p95_s") for c in candidates],
-                                target=ttft_slo, marks=marks,
-                                measured=at_running("ttft_p95_s"))},
+             "chart": chart("ttft_p95_s", "ttft_p95_s", ttft_slo)},
             {"title": "ITL p95", "unit": "s", "target": itl_slo,
-             "chart": bar_chart(layouts, [c.get("itl_p95_s") for c in candidates],
-                                target=itl_slo, marks=marks, measured=at_running("itl_p95_s"))},
+             "chart": chart("itl_p95_s", "itl_p95_s", itl_slo)},
         ]
     bullets = [s.rstrip(".;") for s in _SENTENCE.split(plan.explanation or "") if s.strip()]
     return {
@@ -162,4 +202,6 @@ def decision_view(plan, measured: dict | None = None) -> dict:
         # mixed layout mid-move): the numbers are true, only the bar to put them on is not.
         "measured": measured,
         "measured_on_chart": on_chart,
+        "then_on_chart": then_on_chart,
+        "hidden_candidates": hidden,
     }

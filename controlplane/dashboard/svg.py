@@ -110,6 +110,7 @@ class Marker:
     label: str
     value: float
     text: str
+    kind: str = "applied"  # "applied": measured since applied; "then": when decided
 
     @property
     def path(self) -> str:
@@ -129,14 +130,20 @@ class BarChart:
 def bar_chart(labels: Sequence[str], values: Sequence[float | None], *,
               target: float | None = None, marks: dict | None = None,
               measured: dict[str, float | None] | None = None,
+              observed: dict[str, float | None] | None = None,
               width: int = 320, height: int = 110) -> BarChart:
     """One bar per label; ``None`` (unbounded or unknown) is drawn as a full hatched bar
     labelled "∞" rather than as zero. Values above ``target`` are marked "over".
     ``measured``: label → a measured value, drawn as a marker over that label's bar (the
-    scale includes it, so a measurement far above the prediction stays on the chart)."""
+    scale includes it, so a measurement far above the prediction stays on the chart).
+    ``observed``: the same for what was measured when the decision was made (kind "then")."""
     marks = marks or {}
-    measured = {k: float(v) for k, v in (measured or {}).items() if _finite(v) and k in labels}
-    finite = [float(v) for v in values if _finite(v)] + list(measured.values())
+
+    def keep(given):
+        return {k: float(v) for k, v in (given or {}).items() if _finite(v) and k in labels}
+
+    measured, observed = keep(measured), keep(observed)
+    finite = [float(v) for v in values if _finite(v)] + [*measured.values(), *observed.values()]
     top = max([*finite, target if _finite(target) else 0.0, 0.0]) * 1.1 or 1.0
     plot_h = height - 30  # room for labels under the bars and the value text above
     n = max(len(labels), 1)
@@ -158,8 +165,9 @@ def bar_chart(labels: Sequence[str], values: Sequence[float | None], *,
     target_y = None
     if _finite(target) and 0 <= target <= top:
         target_y = round(12 + plot_h - plot_h * target / top, 1)
-    markers = [Marker(b.cx, round(12 + plot_h - plot_h * min(measured[b.label], top) / top, 1),
-                      b.label, measured[b.label], f"{measured[b.label]:.3g}")
-               for b in bars if b.label in measured]
+    markers = [Marker(b.cx, round(12 + plot_h - plot_h * min(given[b.label], top) / top, 1),
+                      b.label, given[b.label], f"{given[b.label]:.3g}", kind)
+               for given, kind in ((observed, "then"), (measured, "applied"))
+               for b in bars if b.label in given]
     return BarChart(bars=bars, width=width, height=height, target_y=target_y, top=top,
                     measured=markers)

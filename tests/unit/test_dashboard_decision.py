@@ -103,3 +103,46 @@ def test_bar_chart_scale_includes_a_measured_value_above_every_bar():
     chart = bar_chart(["a", "b"], [1.0, 2.0], measured={"b": 8.0, "zzz": 1.0})
     assert [m.label for m in chart.measured] == ["b"]
     assert chart.top >= 8.0 and chart.measured[0].y >= 12
+
+
+def test_what_was_measured_when_deciding_is_a_hollow_marker_on_the_current_bar():
+    record = {**_plan().record, "observe": {**_plan().record["observe"],
+                                            "layout_label": "aggregated",
+                                            "measured_ttft_p95_ms": 700.0,
+                                            "measured_itl_p95_ms": 58.0, "rate_rps": 4.0}}
+    d = decision_view(_plan(record=record))
+    itl = d["charts"][2]["chart"]
+    (m,) = itl.measured
+    assert (m.kind, m.label, m.value) == ("then", "aggregated", 0.058)
+    assert d["then_on_chart"] and not d["measured_on_chart"]
+
+
+def test_many_candidates_are_focused_on_the_chosen_current_and_best():
+    from controlplane.dashboard.decision import CHART_MAX_BARS
+
+    cands = [{"layout": "aggregated", "goodput_rps": 1.0}] + [
+        {"layout": f"{p}P:{32 - p}D", "goodput_rps": 40.0 if p == 30 else float(p)}
+        for p in range(1, 32)]
+    d = decision_view(_plan(current_layout="aggregated", target_layout="24P:8D",
+                            predictions={"candidates": cands}, record={}))
+    labels = [b.label for b in d["charts"][0]["chart"].bars]
+    assert len(labels) == CHART_MAX_BARS and d["hidden_candidates"] == 32 - CHART_MAX_BARS
+    assert {"aggregated", "24P:8D", "23P:9D", "25P:7D", "30P:2D"} <= set(labels)
+    assert labels == [c["layout"] for c in cands if c["layout"] in labels]  # planner order
+    assert d["charts"][0]["chart"].width >= 34 * CHART_MAX_BARS
+
+
+def test_a_mixed_layout_mid_move_is_charted_from_the_hold_prediction():
+    record = {"observe": {"layout_label": "2P + 1D + 29 both", "measured_ttft_p95_ms": 500.0,
+                          "measured_itl_p95_ms": 400.0, "rate_rps": 40.0,
+                          "ttft_target_ms": 2500, "itl_target_ms": 50},
+              "predict": {"hold_now": {"layout": "2P + 1D + 29 both", "goodput_rps": 2.7,
+                                       "ttft_p95_s": 0.43, "itl_p95_s": 0.42},
+                          "candidates": [{"layout": "24P:8D", "goodput_rps": 48.0}]}}
+    d = decision_view(_plan(current_layout="2P + 1D + 29 both", target_layout="24P:8D",
+                            predictions={}, record=record))
+    bars = d["charts"][2]["chart"].bars
+    assert [b.label for b in bars] == ["2P + 1D + 29 both", "24P:8D"]
+    assert bars[0].kind.startswith("current") and d["then_on_chart"]
+    (m,) = d["charts"][2]["chart"].measured
+    assert (m.label, m.value, m.kind) == ("2P + 1D + 29 both", 0.4, "then")
