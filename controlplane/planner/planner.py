@@ -112,6 +112,8 @@ class PlannerSettings:
     # No A → B → A within this many seconds of the A → B decision unless the load moved by
     # more than the hysteresis since then.
     dwell_s: float = 900.0
+    # ... and the load must have moved by more than max(hysteresis, this) to turn back.
+    reverse_margin: float = 0.25
 
 
 DEFAULT_SETTINGS = PlannerSettings()

@@ -346,7 +346,11 @@ def gate(inp: ModelInput, obs: Observation, cv: CandidateVerdict, ch: ChoiceVerd
         ), ch.best_prefill
     mem, move = inp.memory, obs.move
     shift = load_shift(mem, inp.load)
-    moved = shift > h
+    # The way back (or elsewhere mid-move) opens only when the load moved past the margin:
+    # the hysteresis, and at least settings.reverse_margin (a load derived from windows of
+    # finished requests wanders by more than 10 % inside one phase).
+    margin = max(h, settings.reverse_margin)
+    moved = shift > margin
     base.update(load_shift=shift, dwell_s=settings.dwell_s)
 
     def worth(p: int) -> tuple[bool, bool, bool]:
@@ -387,7 +391,7 @@ def gate(inp: ModelInput, obs: Observation, cv: CandidateVerdict, ch: ChoiceVerd
             detail=f"{ch.best_layout} is where the last move ({mem.origin_layout} → "
                    f"{mem.target_layout}) started {now - mem.decided_at:,.0f} s ago; within "
                    f"the {settings.dwell_s:,.0f} s dwell window the load moved only "
-                   f"{shift:.0%} (margin {h:.0%})", target_score=score(target), **base,
+                   f"{shift:.0%} (margin {margin:.0%})", target_score=score(target), **base,
         ), target
     not_worse, g_now, g_plan = worth(target)
     t_score = score(target)
