@@ -76,6 +76,10 @@ def test_decision_view_during_a_real_move(asgi_server, page, redis_prefix):
 
     login(page, asgi_server, "operator1", PASSWORD)
     page.goto(f"{asgi_server}/plans/")
+    # The page is live: let the socket connect and send its first fragments, so the
+    # regions below are not replaced while they are read and photographed.
+    page.wait_for_selector("#live-status.on", timeout=20_000)
+    page.wait_for_timeout(1500)
     head = page.inner_text(f"#plan-{second.pk} .progress")
     assert f"step {move['step']} of {move['steps_total']}" in head, head
     assert page.locator(f"#plan-{second.pk} .dchart").count() == 3
@@ -90,7 +94,6 @@ def test_decision_view_during_a_real_move(asgi_server, page, redis_prefix):
     assert "measured when decided" in page.inner_text(f"#plan-{second.pk} .legend-small")
     ARTIFACTS.mkdir(exist_ok=True)
     page.set_viewport_size({"width": 1440, "height": 900})
-    page.locator(f"#plan-{second.pk}").scroll_into_view_if_needed()
     page.screenshot(path=str(ARTIFACTS / "decision-view-move.png"))
     page.locator(f"#plan-{second.pk}").screenshot(
         path=str(ARTIFACTS / "decision-view-move-plan.png"))
