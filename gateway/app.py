@@ -45,7 +45,7 @@ from .prefix_index import (
     token_block_hashes,
 )
 from .proxy import PairFailure, UpstreamFailure, open_upstream
-from .router import NoWorkerError, WorkerLoad, blocks_for, plan_request
+from .router import LoadReservation, NoWorkerError, WorkerLoad, plan_request
 from .table import ModelRoute, RoutingTable, TableStore
 
 log = logging.getLogger("gateway")
@@ -65,46 +65,42 @@ def _has_token(data: bytes) -> bool:
 
 
 class Reservation:
-    """The load one request puts on workers, released exactly once."""
+    """The router's load arithmetic for one request (``router.LoadReservation``: queued
+    prefill where it prefills, added KV where it decodes), plus what a gateway process adds
+    to it: the in-flight gauge and the sibling processes' view of the same load."""
 
-    def __init__(self, gateway: Gateway):
+    __slots__ = ("gw", "load")
+
+    def __init__(self, gateway: Gateway, plan, prompt_tokens: int, output_tokens: int,
+                 block_size: int):
         self.gw = gateway
-        self.prefill: list[tuple[str, float]] = []
-        self.decode: list[tuple[str, float]] = []
+        self.load = LoadReservation(gateway.loads, plan, prompt_tokens, output_tokens,
+                                    block_size)
+        (prefill_worker, prefill_blocks), (decode_worker, decode_blocks) = (
+            self.load.prefill, self.load.decode)
+        self._gauge(decode_worker)
+        if gateway.peers is not None:  # sibling gateway processes see it too
+            gateway.peers.load(prefill_worker, prefill_blocks, 0.0, 0)
+            gateway.peers.load(decode_worker, 0.0, decode_blocks, 1)
 
-    def add_prefill(self, worker_id: str, blocks: float) -> None:
-        self.gw.loads[worker_id].prefill_blocks += blocks
-        self.prefill.append((worker_id, blocks))
-        if self.gw.peers is not None:  # sibling gateway processes see it too
-            self.gw.peers.load(worker_id, blocks, 0.0, 0)
-
-    def add_decode(self, worker_id: str, blocks: float) -> None:
-        load = self.gw.loads[worker_id]
-        load.decode_blocks += blocks
-        load.in_flight += 1
-        self.gw.metrics.child(self.gw.metrics.in_flight, worker_id).set(load.in_flight)
-        self.decode.append((worker_id, blocks))
-        if self.gw.peers is not None:
-            self.gw.peers.load(worker_id, 0.0, blocks, 1)
+    def _gauge(self, worker_id: str) -> None:
+        self.gw.metrics.child(self.gw.metrics.in_flight, worker_id).set(
+            self.gw.loads[worker_id].in_flight)
 
     def prefill_done(self) -> None:
-        for worker_id, blocks in self.prefill:
-            load = self.gw.loads[worker_id]
-            load.prefill_blocks = max(load.prefill_blocks - blocks, 0.0)
-            if self.gw.peers is not None:
-                self.gw.peers.load(worker_id, -blocks, 0.0, 0)
-        self.prefill.clear()
+        held = self.load.prefill
+        self.load.prefill_done()
+        if held is not None and self.gw.peers is not None:
+            self.gw.peers.load(held[0], -held[1], 0.0, 0)
 
     def release(self) -> None:
         self.prefill_done()
-        for worker_id, blocks in self.decode:
-            load = self.gw.loads[worker_id]
-            load.decode_blocks = max(load.decode_blocks - blocks, 0.0)
-            load.in_flight = max(load.in_flight - 1, 0)
-            self.gw.metrics.child(self.gw.metrics.in_flight, worker_id).set(load.in_flight)
+        held = self.load.decode
+        self.load.release()
+        if held is not None:
+            self._gauge(held[0])
             if self.gw.peers is not None:
-                self.gw.peers.load(worker_id, 0.0, -blocks, -1)
-        self.decode.clear()
+                self.gw.peers.load(held[0], 0.0, -held[1], -1)
 
 
 class Gateway(AdminAPI):
@@ -443,17 +439,7 @@ class Gateway(AdminAPI):
         bs = model.block_size
         max_out = body.get("max_tokens") or body.get("max_completion_tokens")
         out_tokens = max_out if isinstance(max_out, int) and max_out > 0 else DEFAULT_OUTPUT_TOKENS
-        prompt_blocks = blocks_for(prompt["tokens"], bs)
-        reservation = Reservation(self)
-        reservation.add_prefill(
-            plan.prefill or plan.decode,
-            blocks_for(max(prompt["tokens"] - plan.cached_tokens, 0), bs),
-        )
-        # The KV this request adds where it decodes: its uncached prompt blocks (cached ones
-        # are shared by prefix caching; with remote prefill all arrive by transfer) + output.
-        held = 0 if plan.prefill else blocks_for(plan.cached_tokens, bs)
-        reservation.add_decode(plan.decode,
-                               max(prompt_blocks - held, 0) + blocks_for(out_tokens, bs))
+        reservation = Reservation(self, plan, prompt["tokens"], out_tokens, bs)
         headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
         if "Authorization" in request.headers:
             headers["Authorization"] = request.headers["Authorization"]
