@@ -91,8 +91,8 @@ def main() -> None:
     call_command("migrate", verbosity=0)
     from django.contrib.auth import get_user_model
 
-    from controlplane.accounts.models import APIToken
     from controlplane.accounts.access import set_role
+    from controlplane.accounts.models import APIToken
 
     started = time.perf_counter()
     cluster, gpu_count, worker_count = build(args.nodes, args.gpus_per_node)

@@ -60,10 +60,10 @@ from planner_quality import (  # noqa: E402
 from prediction_accuracy import SHARED, TRACES, base_rate, scenarios  # noqa: E402
 
 from controlplane.planner.calibration import CalibrationBook, LoadPoint  # noqa: E402
+from controlplane.planner.costmodel import DEFAULT_PARAMS  # noqa: E402
 from controlplane.planner.derive import LoadSmoother, derive_load  # noqa: E402
 from controlplane.planner.placement import Topology, WorkerInput  # noqa: E402
 from controlplane.planner.planner import (  # noqa: E402
-    DEFAULT_PARAMS,
     DEFAULT_SETTINGS,
     LoadInput,
     ModelInput,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
     from .costmodel import Prediction
-    from .planner import ModelDecision
+    from .plantypes import ModelDecision
 
 
 def secs(s: float | None) -> str:

@@ -24,20 +24,22 @@ Per model, five named steps, each returning a typed verdict (:mod:`.record`):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
-
-from controlplane.policies.effective import DEFAULT_POLICY, EffectivePolicy
+from dataclasses import replace
 
 from . import explain
 from .costmodel import (
-    DEFAULT_PARAMS,
-    CostParams,
-    ModelSpec,
     Prediction,
-    WorkerShape,
-    Workload,
 )
-from .placement import NodeLinks, Topology, WorkerInput
+from .placement import Topology, WorkerInput
+from .plantypes import (  # noqa: F401 - re-exported: callers import them from here
+    DEFAULT_SETTINGS,
+    ClusterDecision,
+    LoadInput,
+    ModelDecision,
+    ModelInput,
+    PlannerSettings,
+    RoleChange,
+)
 from .record import (
     RECORD_VERSION,
     DecisionRecord,
@@ -64,122 +66,6 @@ from .steps import (  # noqa: F401 - re-exported: the planner's public helpers
     share,
     workload_for,
 )
-
-
-@dataclass(frozen=True)
-class LoadInput:
-    """What the model's workers see now (from hot state), all optional-zero."""
-
-    rate_rps: float = 0.0
-    peak_rps: float = 0.0  # recent peak (e.g. max of the last few windows)
-    isl_mean: float = 0.0
-    isl_p95: float | None = None
-    osl_mean: float = 0.0
-    prefix_hit: float = 0.0
-    inflight: int = 0  # sequences running now, all workers
-    inflight_peak: int = 0
-    # Measured p95 latencies now (Prometheus or the agents' windows), ms; None = unknown.
-    measured_ttft_p95_ms: float | None = None
-    measured_itl_p95_ms: float | None = None
-    osl_p95: float | None = None
-    isl_p50: float | None = None  # with isl_p95: the prompt-length spread (lognormal fit)
-
-
-@dataclass(frozen=True)
-class ModelInput:
-    served_model_id: int
-    model: ModelSpec
-    shape: WorkerShape
-    workers: tuple[WorkerInput, ...]
-    load: LoadInput
-    policy: EffectivePolicy = DEFAULT_POLICY
-    node_links: dict[str, NodeLinks] = field(default_factory=dict)
-    params: CostParams = DEFAULT_PARAMS
-    change_in_progress: bool = False
-    memory: MoveMemory | None = None  # the last move, from the previous cycles' records
-    notes: tuple[str, ...] = ()  # facts the glue wants in the record (e.g. calibration)
-
-
-@dataclass(frozen=True)
-class PlannerSettings:
-    growth_margin: float = 0.2  # plan for the recent peak × (1 + margin)
-    stale_share_limit: float = 0.5  # fail-static when at least this share of nodes is stale
-    exhaustive_limit: int = 48  # above this many workers, search P:D coarse-to-fine
-    # Overload's measured half also holds when a measured p95 (TTFT or ITL) is at least
-    # this many times its target: far past what windowed-p95 noise or a calibration error
-    # explains (see docs/planner.md, step 7).
-    overload_latency_factor: float = 1.5
-    # No A → B → A within this many seconds of the A → B decision unless the load moved by
-    # more than the hysteresis since then.
-    dwell_s: float = 900.0
-    # ... and the load must have moved by more than max(hysteresis, this) to turn back.
-    reverse_margin: float = 0.25
-
-
-DEFAULT_SETTINGS = PlannerSettings()
-
-
-@dataclass(frozen=True)
-class RoleChange:
-    worker_id: int
-    worker: str
-    node: str
-    from_role: str
-    to_role: str
-
-    def as_dict(self) -> dict:
-        return dict(self.__dict__)
-
-
-@dataclass
-class ModelDecision:
-    served_model_id: int
-    model: str
-    action: str  # keep | change | hold
-    reason: str  # short code: no-traffic, within-hysteresis, better-layout, fail-static, …
-    current: Prediction | None  # the layout as it is (the hold option), at the planned load
-    target: Prediction | None
-    step: Prediction | None  # the layout after this cycle's changes
-    current_now: Prediction | None  # the layout as it is at the load measured now
-    candidates: list[Prediction]
-    changes: list[RoleChange]
-    plan_rate_rps: float
-    workload: Workload | None
-    explanation: str = ""
-    notes: list[str] = field(default_factory=list)
-    rejected: dict[str, str] = field(default_factory=dict)  # layout → why infeasible
-    overload: dict | None = None  # set when this cycle's step was raised for overload
-    record: DecisionRecord | None = None
-
-    @property
-    def changed(self) -> bool:
-        return bool(self.changes)
-
-    @property
-    def memory(self) -> MoveMemory | None:
-        return self.record.memory if self.record else None
-
-    def predictions_dict(self) -> dict:
-        return {
-            "plan_rate_rps": round(self.plan_rate_rps, 6),
-            "current": self.current.as_dict() if self.current else None,
-            "current_now": self.current_now.as_dict() if self.current_now else None,
-            "target": self.target.as_dict() if self.target else None,
-            "step": self.step.as_dict() if self.step else None,
-            "candidates": [p.as_dict() for p in self.candidates],
-            "rejected": dict(self.rejected),
-            "overload": dict(self.overload) if self.overload else None,
-        }
-
-
-@dataclass
-class ClusterDecision:
-    models: list[ModelDecision]
-    fail_static: bool = False
-    reason: str = ""
-    stale_nodes: int = 0
-    nodes: int = 0
-
 
 # --- Step 5: step -------------------------------------------------------------------------
 

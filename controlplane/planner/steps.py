@@ -27,7 +27,7 @@ from .record import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .planner import LoadInput, ModelInput, PlannerSettings
+    from .plantypes import LoadInput, ModelInput, PlannerSettings
 
 
 # --- Predictions --------------------------------------------------------------------------
