@@ -179,12 +179,16 @@ def _plans() -> list[PlanFacts]:
                 out.append(
                     PlanFacts(sm.cluster.name, sm.name, "failed", reason[:300], str(plan.pk))
                 )
+        # The planner holds when no layout is predicted to meet the targets (it no longer
+        # shuffles by a capacity tie-break); on-call hears of it as a PlanFailed alert.
+        status_of = {"no-feasible-layout": "infeasible", "all-layouts-miss": "all-layouts-miss"}
         for state in state_model.objects.select_related("served_model__cluster").filter(
-            last_reason="no-feasible-layout"
+            last_reason__in=list(status_of)
         ):
             sm = state.served_model
             explanation = (getattr(state, "last_explanation", "") or "")[:300]
-            out.append(PlanFacts(sm.cluster.name, sm.name, "infeasible", explanation))
+            out.append(PlanFacts(sm.cluster.name, sm.name, status_of[state.last_reason],
+                                 explanation))
     except Exception:  # planner tables not migrated yet, or changed shape
         log.warning("alerts: planner state unreadable", exc_info=True)
     return out

@@ -159,7 +159,7 @@ class GatewayFacts:
 class PlanFacts:
     cluster: str
     model: str
-    status: str  # ok | failed | infeasible
+    status: str  # ok | failed | infeasible | all-layouts-miss (holding: every layout misses)
     reason: str = ""
     plan_id: str = ""
 
@@ -412,7 +412,7 @@ def evaluate(
 
     if on(PLAN_FAILED):
         for p in snapshot.plans:
-            if p.status in ("failed", "infeasible"):
+            if p.status in ("failed", "infeasible", "all-layouts-miss"):
                 emit(
                     PLAN_FAILED,
                     _labels(cluster=p.cluster, model=p.model),

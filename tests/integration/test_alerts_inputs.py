@@ -149,9 +149,19 @@ def test_failed_and_infeasible_plans():
         last_reason="no-feasible-layout",
         last_explanation="not enough decode KV capacity for the load",
     )
+    third = ServedModel.objects.create(
+        cluster=cluster, name="zeta", layers=28, kv_heads=4, head_dim=128, kv_dtype_bytes=2,
+        weight_bytes=15 * GB,
+    )
+    state.objects.create(
+        served_model=third, last_reason="all-layouts-miss",
+        last_explanation="Hold: every layout is predicted to miss the ITL target",
+    )
     plans = sorted(build_snapshot(timezone.now()).plans, key=lambda p: p.model)
-    assert [(p.model, p.status) for p in plans] == [("llama", "failed"), ("qwen", "infeasible")]
+    assert [(p.model, p.status) for p in plans] == [
+        ("llama", "failed"), ("qwen", "infeasible"), ("zeta", "all-layouts-miss")]
     assert "decode KV capacity" in plans[1].reason
+    assert "every layout" in plans[2].reason
 
 
 def test_evaluate_task_raises_alerts_with_labels(hot_prefix):

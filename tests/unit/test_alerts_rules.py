@@ -158,10 +158,12 @@ def test_plan_failed_or_infeasible():
             PlanFacts("c1", "a", "ok"),
             PlanFacts("c1", "b", "infeasible", "not enough decode KV capacity"),
             PlanFacts("c1", "c", "failed"),
+            PlanFacts("c1", "d", "all-layouts-miss", "every layout misses the ITL target"),
         ),
     )
     result = evaluate(snap)
-    assert [o.labels["model"] for o in result.observations] == ["b", "c"]
+    assert [o.labels["model"] for o in result.observations] == ["b", "c", "d"]
+    assert "all-layouts-miss" in result.observations[2].annotations["summary"]
     assert "decode KV capacity" in result.observations[0].annotations["summary"]
 
 
