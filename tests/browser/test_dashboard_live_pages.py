@@ -8,6 +8,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.utils import timezone
+from playwright.sync_api import Error as PlaywrightError
 
 from controlplane.accounts.access import set_role
 from controlplane.topology.models import Cluster, Node, ServedModel, Worker
@@ -147,12 +148,24 @@ def test_decision_view_reads_in_one_line_with_a_chart(asgi_server, page):
     )
     login(page, asgi_server, "operator1", PASSWORD)
     page.goto(f"{asgi_server}/plans/")
+    # The page is live: let the socket connect and send its first fragments, so the plan's
+    # region is not swapped out while it is read and photographed (seen: "Element is not
+    # attached to the DOM" from the element screenshot under load).
+    page.wait_for_selector("#live-status.on", timeout=20_000)
+    page.wait_for_timeout(1500)
     verdict = page.inner_text(f"#plan-{plan.pk} .verdict")
     assert verdict.startswith("Move toward 2P:14D")
     assert "decode step time" in page.inner_text(f"#plan-{plan.pk} .binding")
     assert page.locator(f"#plan-{plan.pk} .dchart").count() == 3
     assert page.locator(f"#plan-{plan.pk} line.slo").count() == 2
-    page.locator(f"#plan-{plan.pk}").screenshot(path=str(screenshot_path("decision-view")))
+    for attempt in range(3):  # a live swap mid-screenshot detaches the element: take it anew
+        try:
+            page.locator(f"#plan-{plan.pk}").screenshot(path=str(screenshot_path("decision-view")))
+            break
+        except PlaywrightError:
+            if attempt == 2:
+                raise
+            page.wait_for_timeout(500)
 
 
 def screenshot_path(name):
