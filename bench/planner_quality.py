@@ -140,6 +140,29 @@ def static_roles(cluster: dict, n_prefill: int) -> list[str]:
     return ["prefill" if placed[w.id] == "prefill" else "decode" for w in workers]
 
 
+def interval_p95(snap, itl_seen: dict[str, int]):
+    """((TTFT p95 ms, ITL p95 ms), new itl_seen) of what was observed since the previous
+    cycle: a TTFT when the first token comes, an ITL sample per token gap as it happens,
+    in-flight requests included; ``itl_seen`` counts the ITL samples already taken per
+    in-flight request. None where nothing was observed."""
+    ttfts, itls, seen = [], [], {}
+    for r in [*snap.recent_results, *snap.inflight_results]:
+        if r.error is not None or r.ttft is None:
+            continue
+        before = itl_seen.get(r.request_id)
+        if before is None:
+            ttfts.append(r.ttft)
+            before = 0
+        itls.extend(r.itls[before:])
+        if r.finish_time is None:
+            seen[r.request_id] = len(r.itls)
+
+    def p95(xs):
+        return percentile(xs, 95) * 1000 if xs else None
+
+    return (p95(ttfts), p95(itls)), seen
+
+
 class PlannerController:
     """The planner as the fleet's controller: builds the pure inputs from the sim's
     snapshot (as inputs.py builds them from hot state) and returns its role changes."""
@@ -169,24 +192,8 @@ class PlannerController:
         when the first token comes, an ITL sample per token gap as it happens — in-flight
         requests included (an ITL-bound layout finishes few requests within a cycle).
         None when nothing was observed."""
-        ttfts, itls = [], []
-        seen = {}
-        for r in [*snap.recent_results, *snap.inflight_results]:
-            if r.error is not None or r.ttft is None:
-                continue
-            before = self.itl_seen.get(r.request_id)
-            if before is None:
-                ttfts.append(r.ttft)
-                before = 0
-            itls.extend(r.itls[before:])
-            if r.finish_time is None:
-                seen[r.request_id] = len(r.itls)
-        self.itl_seen = seen
-
-        def p95(xs):
-            return percentile(xs, 95) * 1000 if xs else None
-
-        return p95(ttfts), p95(itls)
+        result, self.itl_seen = interval_p95(snap, self.itl_seen)
+        return result
 
     def __call__(self, now: float, snap) -> list[RoleChange]:
         rate = snap.arrivals_since_last / max(snap.interval_s, 1e-9)

@@ -51,6 +51,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from planner_quality import (  # noqa: E402
     CLUSTERS,
     MODEL,
+    interval_p95,
     planner_topology,
     shape,
     sim_engines,
@@ -75,7 +76,6 @@ from controlplane.planner.planner import (  # noqa: E402
     workload_for,
 )
 from controlplane.policies.effective import EffectivePolicy  # noqa: E402
-from workers_agent.sim.report import percentile  # noqa: E402
 from workers_agent.sim.virtual import RoleChange, VirtualFleet  # noqa: E402
 from workers_agent.sim.workload import (  # noqa: E402
     PromptFactory,
@@ -212,20 +212,8 @@ class ProductLoop:
 
     def fleet_p95(self, snap) -> tuple[float | None, float | None]:
         """TTFT and token-gap p95 (ms) over the interval, as merged histograms give them."""
-        ttfts, itls, seen = [], [], {}
-        for r in [*snap.recent_results, *snap.inflight_results]:
-            if r.error is not None or r.ttft is None:
-                continue
-            before = self.itl_seen.get(r.request_id)
-            if before is None:
-                ttfts.append(r.ttft)
-                before = 0
-            itls.extend(r.itls[before:])
-            if r.finish_time is None:
-                seen[r.request_id] = len(r.itls)
-        self.itl_seen = seen
-        return (percentile(ttfts, 95) * 1000 if ttfts else None,
-                percentile(itls, 95) * 1000 if itls else None)
+        result, self.itl_seen = interval_p95(snap, self.itl_seen)
+        return result
 
     def __call__(self, now: float, snap) -> list[RoleChange]:
         wstates = self.reports(snap)
