@@ -23,7 +23,6 @@ import aiohttp
 import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from yarl import URL
 
 from . import explain
 from .admin import AdminAPI
@@ -47,6 +46,7 @@ from .prefix_index import (
 from .proxy import PairFailure, UpstreamFailure, open_upstream
 from .router import LoadReservation, NoWorkerError, WorkerLoad, plan_request
 from .table import ModelRoute, RoutingTable, TableStore
+from .upstream_http import Target, Timeouts, UpstreamPool
 
 log = logging.getLogger("gateway")
 DEFAULT_OUTPUT_TOKENS = 128
@@ -117,7 +117,7 @@ class Gateway(AdminAPI):
         self.rng = random.Random(config.seed)
         self._id_prefix = f"gw-{uuid.uuid4().hex[:12]}-"
         self._id_counter = itertools.count(1)
-        self._urls: dict[tuple[str, str], URL] = {}
+        self._urls: dict[tuple[str, str], Target] = {}
         self.pairs = PairHealth(cooldown_s=config.pd_pair_cooldown_s)
         self.metrics.watch_pairs(self.pairs)
         self.decision_log = explain.DecisionLog(config.decision_log_sample,
@@ -128,15 +128,15 @@ class Gateway(AdminAPI):
         self.pull_etag: str | None = None
         self.last_pull_error = ""
         self._tasks: list[asyncio.Task] = []
-        self.upstream_timeout = aiohttp.ClientTimeout(
-            total=config.request_timeout_s, connect=config.connect_timeout_s,
-            sock_connect=config.connect_timeout_s,
-        )
+        # Calls to workers go over a lean HTTP/1.1 pool (gateway.upstream_http); the aiohttp
+        # session is for the rest (table pulls, /tokenize).
+        self.pool = UpstreamPool()
+        self.upstream_timeout = Timeouts(total=config.request_timeout_s,
+                                         connect=config.connect_timeout_s)
         # A prefill emits one token: one that takes longer than this fails its pair.
-        self.prefill_timeout = aiohttp.ClientTimeout(
+        self.prefill_timeout = Timeouts(
             total=min(config.pd_prefill_timeout_s, config.request_timeout_s),
-            connect=config.connect_timeout_s, sock_connect=config.connect_timeout_s,
-        )
+            connect=config.connect_timeout_s)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -209,6 +209,7 @@ class Gateway(AdminAPI):
             await self.peers.close()
         if self.session:
             await self.session.close()
+        await self.pool.close()
 
     def _table_changed(self, table: RoutingTable) -> None:
         self.metrics.table_version.set(table.version)
@@ -349,15 +350,15 @@ class Gateway(AdminAPI):
             self.metrics.child(self.metrics.e2e, model.name).observe(time.perf_counter() - started)
             return response
 
-    def _url(self, base: str, endpoint: str) -> URL:
-        """The worker's endpoint URL, parsed once (yarl parsing is a visible share of a
+    def _url(self, base: str, endpoint: str) -> Target:
+        """The worker's endpoint, parsed once (URL parsing is a visible share of a
         request's CPU)."""
         key = (base, endpoint)
         url = self._urls.get(key)
         if url is None:
             if len(self._urls) > 100_000:
                 self._urls.clear()
-            url = self._urls[key] = URL(f"{base}/v1/{endpoint}")
+            url = self._urls[key] = Target.parse(f"{base}/v1/{endpoint}")
         return url
 
     def _next_request_id(self) -> str:
@@ -512,7 +513,7 @@ class Gateway(AdminAPI):
         self.metrics.child(self.metrics.worker_requests, worker.id, "decode" if plan.prefill else
                                             "full").inc()
         upstream = await open_upstream(
-            self.session, worker.id, self._url(worker.url, endpoint), data, headers,
+            self.pool, worker.id, self._url(worker.url, endpoint), data, headers,
             timeout=self.upstream_timeout,
         )
         if plan.prefill and 400 <= upstream.status < 500:
@@ -543,7 +544,7 @@ class Gateway(AdminAPI):
         self.metrics.child(self.metrics.worker_requests, worker.id, "prefill").inc()
         try:
             upstream = await open_upstream(
-                self.session, worker.id, self._url(worker.url, endpoint),
+                self.pool, worker.id, self._url(worker.url, endpoint),
                 orjson.dumps(handshake.prefill_request(body, chat=chat)), headers,
                 timeout=self.prefill_timeout,
             )

@@ -10,13 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import aiohttp
-
 # The P/D request rewriting lives with its engine adapter; re-exported for old callers.
 from .engines.vllm_nixl import REMOTE_DECODE_PARAMS, decode_body, prefill_body  # noqa: F401
+from .upstream_http import Target, Timeouts, UpstreamPool, UpstreamResponse
 
-# The engine needs none of these; not sending them is less work on both sides.
-SKIP_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding")
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "server",
                "date", "content-encoding"}
 
@@ -44,7 +41,7 @@ class PairFailure(UpstreamFailure):
 
 @dataclass
 class OpenUpstream:
-    response: aiohttp.ClientResponse
+    response: UpstreamResponse
     first_chunk: bytes
     worker_id: str
 
@@ -60,37 +57,33 @@ class OpenUpstream:
 
 
 async def open_upstream(
-    session: aiohttp.ClientSession,
+    pool: UpstreamPool,
     worker_id: str,
-    url,
+    target: Target,
     data: bytes,
     headers: dict[str, str],
     *,
-    timeout: aiohttp.ClientTimeout,
+    timeout: Timeouts,
 ) -> OpenUpstream:
     """POST and wait for the first body chunk. 5xx and transport errors before it raise
     :class:`UpstreamFailure`; 4xx are returned as they are (the request is at fault)."""
     try:
-        response = await session.post(url, data=data, headers=headers, timeout=timeout,
-                                      skip_auto_headers=SKIP_AUTO_HEADERS)
-    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        response = await pool.post(target, data, headers, timeout)
+    except (TimeoutError, OSError) as exc:
         raise UpstreamFailure(worker_id, f"connect/send failed: {exc!r}") from exc
     try:
         if response.status >= 500:
             detail = (await response.read())[:500].decode("utf-8", "replace")
-            response.release()
             raise UpstreamFailure(worker_id, f"HTTP {response.status}: {detail}",
                                   response.status)
-        first = await response.content.readany()
-        if not first and response.status == 200 and not response.content.at_eof():
-            first = await response.content.readany()
+        first = await response.readany()
         if not first and response.status == 200:
-            response.close()
             raise UpstreamFailure(worker_id, "closed before the first byte", response.status)
         return OpenUpstream(response, first, worker_id)
     except UpstreamFailure:
+        response.close()
         raise
-    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+    except (TimeoutError, OSError) as exc:
         response.close()
         raise UpstreamFailure(worker_id, f"failed before the first byte: {exc!r}") from exc
     except BaseException:
