@@ -193,6 +193,20 @@ class AdminAPI:
             }
         )
 
+    async def admin_health(self, request: web.Request) -> web.Response:
+        """What the control plane polls between pushes: the P/D pairs' health and the
+        KV-event streams' state (small; the table itself is not in it)."""
+        problem = self._signature_problem(request, b"")
+        if problem:
+            return web.json_response({"status": "unauthorized", "error": problem}, status=401)
+        return web.json_response({
+            "applied_version": self.store.version,
+            "pd_pairs": self.pairs.view(),
+            "kv_streams": {w: {k: s[k] for k in ("stalled", "stall_reason", "complete")
+                               if k in s}
+                           for w, s in self.kv_streams_view().items()},
+        })
+
     async def admin_decisions(self, request: web.Request) -> web.Response:
         """The sampled decision log, newest first (``?limit=N``, at most 1000)."""
         problem = self._signature_problem(request, b"")

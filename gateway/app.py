@@ -3,8 +3,9 @@
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streaming or not),
 ``GET /v1/models``, ``GET /health``, ``GET /metrics``, and the signed admin API
 ``PUT /admin/routing-table`` (receive a table: 200 ACK, 409 stale, 422 NACK, 401 bad
-signature), ``GET /admin/routing-table`` (inspect) and ``GET /admin/decisions`` (sampled
-decision log), which live in :mod:`gateway.admin`. See docs/gateway.md.
+signature), ``GET /admin/routing-table`` (inspect), ``GET /admin/decisions`` (sampled
+decision log) and ``GET /admin/health`` (P/D pairs, KV streams: what the control plane
+polls), which live in :mod:`gateway.admin`. See docs/gateway.md.
 """
 
 from __future__ import annotations
@@ -150,6 +151,7 @@ class Gateway(AdminAPI):
         app.router.add_put("/admin/routing-table", self.admin_put_table)
         app.router.add_get("/admin/routing-table", self.admin_get_table)
         app.router.add_get("/admin/decisions", self.admin_decisions)
+        app.router.add_get("/admin/health", self.admin_health)
         app.on_startup.append(self._startup)
         app.on_cleanup.append(self._cleanup)
         return app

@@ -13,9 +13,10 @@ from importlib import metadata
 
 from django.apps import apps
 
-from controlplane.topology.choices import NodeStatus, WorkerState
+from controlplane.topology.choices import GatewayKind, NodeStatus, WorkerState
 from controlplane.topology.models import Cluster, Gateway, Node, Worker
 
+from . import gateway_health
 from .rules import (
     FleetSnapshot,
     GatewayFacts,
@@ -119,6 +120,7 @@ def _worker_facts(cluster, worker: Worker, state: dict | None, slo) -> WorkerFac
         has_traffic=running > 0 or prompt_tps > 0,
         kv_events_seq=kv.get("last_seq") if isinstance(kv.get("last_seq"), int) else None,
         kv_events_connected=kv.get("connected") if "connected" in kv else None,
+        kv_events_stalled=kv.get("stalled") if isinstance(kv.get("stalled"), bool) else None,
         prefix_hit_rate=state.get("prefix_hit_rate"),
     )
 
@@ -224,6 +226,9 @@ def build_snapshot(now: datetime) -> FleetSnapshot:
         for gw in Gateway.objects.filter(cluster=cluster):
             # The routing app's push log when there is one, else the gateway's last error.
             error, failures = pushes.get(gw.pk, (gw.last_error, 1 if gw.last_error else 0))
+            pairs = ()
+            if gw.kind == GatewayKind.PDPLANE and gw.url:
+                pairs = gateway_health.pair_facts(gateway_health.refresh(gw, ts))
             gateways.append(
                 GatewayFacts(
                     cluster=cluster.name,
@@ -232,6 +237,7 @@ def build_snapshot(now: datetime) -> FleetSnapshot:
                     latest_version=latest.get(cluster.pk),
                     push_error=error,
                     consecutive_push_failures=failures,
+                    pd_pairs=pairs,
                 )
             )
     protocol, version = _expected_agent()

@@ -31,6 +31,7 @@ PLAN_FAILED = "PlanFailed"
 AGENT_SKEW = "AgentVersionSkew"
 WEBHOOK_ENDPOINT_DISABLED = "WebhookEndpointDisabled"
 GPU_PROFILE_ESTIMATED = "GpuProfileEstimated"
+PD_PAIR_UNHEALTHY = "PdPairUnhealthy"
 
 SEVERITIES = ("info", "warning", "critical")
 SEVERITY_RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
@@ -72,6 +73,9 @@ DEFAULT_RULES: dict[str, RuleConfig] = {
     WEBHOOK_ENDPOINT_DISABLED: RuleConfig(severity="warning", for_s=0, threshold=0),
     # A GPU model the hardware catalog does not know: the planner uses an estimate for it.
     GPU_PROFILE_ESTIMATED: RuleConfig(severity="warning", for_s=0, threshold=0),
+    # A prefill→decode pair the gateway stopped pairing (circuit open or probing); threshold:
+    # failures of the pair so far before it pages (0: any unhealthy pair).
+    PD_PAIR_UNHEALTHY: RuleConfig(severity="warning", for_s=60, threshold=0),
 }
 
 
@@ -142,7 +146,22 @@ class WorkerFacts:
     # Or the feed's sequence number: the rules remember when it last moved.
     kv_events_seq: int | None = None
     kv_events_connected: bool | None = None
+    # The agent's own verdict on the feed (events were expected and none came, or its
+    # liveness probe went unanswered): its picture of the cache is not to be trusted.
+    kv_events_stalled: bool | None = None
     prefix_hit_rate: float | None = None  # 0..1
+
+
+@dataclass(frozen=True)
+class PdPairFacts:
+    """A prefill→decode pair as one gateway sees it (only pairs that have failed are
+    tracked by the gateway; a healthy one may be listed after it recovered)."""
+
+    prefill: str
+    decode: str
+    state: str  # healthy | unhealthy | probing
+    failures: int = 0
+    last_failure: str = ""  # prefill_failed | transfer_refused | …
 
 
 @dataclass(frozen=True)
@@ -153,6 +172,7 @@ class GatewayFacts:
     latest_version: int | None = None  # None: no routing table yet (routing app absent)
     push_error: str = ""  # the last push's error, "" after a successful ACK
     consecutive_push_failures: int = 0
+    pd_pairs: tuple[PdPairFacts, ...] = ()  # from the gateway's health answer, if read
 
 
 @dataclass(frozen=True)
@@ -370,6 +390,14 @@ def evaluate(
                 f"No KV events from {w.worker} for {kv_age:.0f} s while serving",
                 "KV-aware routing is working from a stale picture of this worker's cache.",
             )
+        elif on(KV_EVENTS_STALLED) and w.kv_events_stalled:
+            emit(
+                KV_EVENTS_STALLED,
+                labels,
+                f"KV-event stream of {w.worker} is stalled (the agent's verdict)",
+                "Events were expected and none came; routing falls back to the approximate "
+                "prefix index for this worker until the stream answers again.",
+            )
         if w.prefix_hit_rate is not None:
             key = f"{w.cluster}/{w.node}/{w.worker}"
             baseline = float(memory.get("hit", {}).get(key, 0.0))
@@ -400,6 +428,18 @@ def evaluate(
                 labels,
                 f"Routing table push to {g.gateway} failing: {g.push_error[:200]}",
             )
+        if on(PD_PAIR_UNHEALTHY):
+            for pair in g.pd_pairs:
+                if pair.state == "healthy" or pair.failures < cfg[PD_PAIR_UNHEALTHY].threshold:
+                    continue
+                emit(
+                    PD_PAIR_UNHEALTHY,
+                    {**labels, "prefill": pair.prefill, "decode": pair.decode},
+                    f"P/D pair {pair.prefill} → {pair.decode} is {pair.state} at {g.gateway}"
+                    + (f" ({pair.last_failure})" if pair.last_failure else ""),
+                    f"{pair.failures} failure(s) so far; the gateway routes around the pair "
+                    "and re-probes it.",
+                )
         if on(GATEWAY_LAGGING) and g.latest_version is not None:
             behind = g.latest_version - g.applied_version
             if behind >= cfg[GATEWAY_LAGGING].threshold:

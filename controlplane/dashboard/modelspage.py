@@ -6,6 +6,7 @@ from django.core.paginator import Paginator
 
 from controlplane.accounts.access import can_anywhere, restrict
 from controlplane.accounts.roles import ACTION, READ
+from controlplane.alerts import gateway_health
 from controlplane.audit.models import ChangeRecord
 from controlplane.planner.inputs import measured_latency
 from controlplane.planner.models import Plan, PlanStatus
@@ -181,7 +182,12 @@ def routing_context(user, query=None) -> dict:
         latest = versions[0].version if versions else None
         gateways = []
         for gw in Gateway.objects.filter(cluster=cluster):
-            gateways.append({"gateway": gw,
+            # P/D pairs that failed, as the gateway last told the alerts evaluation.
+            # (None: not heard — not a pdplane gateway, or not reachable lately.)
+            health = gateway_health.cached(gw.pk)
+            pairs = None if health is None else [
+                p for p in health.get("pd_pairs", []) if p.get("state") != "healthy"]
+            gateways.append({"gateway": gw, "pairs": pairs,
                              "lag": (latest - gw.applied_table_version) if latest else None})
         deliveries = (GatewayDelivery.objects.filter(gateway__cluster=cluster)
                       .select_related("gateway", "table").order_by("-created")[:10])
