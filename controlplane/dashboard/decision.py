@@ -15,11 +15,17 @@ numbers → pixels step is a pure function with unit tests.
 
 from __future__ import annotations
 
+import math
 import re
 
 from .svg import bar_chart
 
 _SENTENCE = re.compile(r"(?<=[.;])\s+(?=[A-Z→])")
+# "move toward 1P:11D (why): w0 both→prefill, w1 both→decode, …" — the list of moves, which
+# the progress table below shows one row each; more than a few would make the verdict a
+# paragraph (twelve workers in the demo's split).
+_MOVES = re.compile(r"^(?P<head>.*\)): (?P<moves>[^()]+)$")
+VERDICT_MAX_MOVES = 3
 
 
 def _candidates(plan) -> list[dict]:
@@ -45,11 +51,18 @@ def _verdict(plan, record: dict) -> str:
     record); else one built from the plan's fields."""
     for sentence in _SENTENCE.split(plan.explanation or ""):
         if sentence.startswith("→"):
-            return sentence.lstrip("→ ").rstrip(".")
+            return _short_moves(sentence.lstrip("→ ").rstrip("."))
     action = record.get("action") or ""
     if plan.target_layout and plan.target_layout != plan.current_layout:
         return f"move {plan.current_layout or '?'} → {plan.target_layout}"
     return f"{action or 'hold'} {plan.current_layout or ''}".strip()
+
+
+def _short_moves(verdict: str) -> str:
+    m = _MOVES.match(verdict)
+    if not m or m["moves"].count("→") <= VERDICT_MAX_MOVES:
+        return verdict
+    return f"{m['head']}: {m['moves'].count('→')} workers change role (each listed below)"
 
 
 def _binding(record: dict, chosen: dict | None) -> str:
@@ -70,13 +83,19 @@ def _slo(record: dict, plan) -> tuple[float | None, float | None]:
 
 def _progress(plan, record: dict) -> dict | None:
     move = (record.get("observe") or {}).get("move")
-    changes = [c for c in plan.diff or [] if isinstance(c, dict)]
+    changes = [{**c, "label": _worker_label(c)} for c in plan.diff or [] if isinstance(c, dict)]
     if not move and not changes:
         return None
     done = sum(1 for c in changes if c.get("done"))
     return {"step": (move or {}).get("step"), "steps_total": (move or {}).get("steps_total"),
             "target": (move or {}).get("target_layout") or plan.target_layout,
             "changes": changes, "done": done, "total": len(changes)}
+
+
+def _worker_label(change: dict) -> str:
+    """node/worker, once: the planner's worker names may already start with the node."""
+    node, worker = str(change.get("node") or ""), str(change.get("worker") or "?")
+    return worker if not node or worker.startswith(f"{node}/") else f"{node}/{worker}"
 
 
 def measured_from_record(record: dict | None, at: float | None = None) -> dict | None:
@@ -173,10 +192,18 @@ def decision_view(plan, measured: dict | None = None) -> dict:
     def at(m, ok, key):
         return {m["layout"]: m.get(key)} if ok else None
 
-    def chart(key, measured_key, target=None):
-        return bar_chart(layouts, [c.get(key) for c in candidates], target=target,
-                         marks=marks, measured=at(measured, on_chart, measured_key),
-                         observed=at(then, then_on_chart, measured_key),
+    def chart(key, measured_key, target=None, scale=1.0):
+        # Latencies are stored in seconds and drawn in ms: "4.92" over a bar, not "0.00492".
+        def times(v):
+            return v * scale if isinstance(v, int | float) and math.isfinite(v) else v
+
+        def scaled(given):
+            return {k: times(v) for k, v in given.items()} if given else None
+
+        return bar_chart(layouts, [times(c.get(key)) for c in candidates],
+                         target=times(target), marks=marks,
+                         measured=scaled(at(measured, on_chart, measured_key)),
+                         observed=scaled(at(then, then_on_chart, measured_key)),
                          width=max(320, CHART_BAR_PX * len(layouts) + 8))
 
     charts = []
@@ -184,10 +211,10 @@ def decision_view(plan, measured: dict | None = None) -> dict:
         charts = [
             {"title": "predicted goodput", "unit": "req/s",
              "chart": chart("goodput_rps", "rate_rps")},
-            {"title": "TTFT p95", "unit": "s", "target": ttft_slo,
-             "chart": chart("ttft_p95_s", "ttft_p95_s", ttft_slo)},
-            {"title": "ITL p95", "unit": "s", "target": itl_slo,
-             "chart": chart("itl_p95_s", "itl_p95_s", itl_slo)},
+            {"title": "TTFT p95", "unit": "ms", "target": ttft_slo,
+             "chart": chart("ttft_p95_s", "ttft_p95_s", ttft_slo, 1000.0)},
+            {"title": "ITL p95", "unit": "ms", "target": itl_slo,
+             "chart": chart("itl_p95_s", "itl_p95_s", itl_slo, 1000.0)},
         ]
     bullets = [s.rstrip(".;") for s in _SENTENCE.split(plan.explanation or "") if s.strip()]
     return {

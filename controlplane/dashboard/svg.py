@@ -127,6 +127,11 @@ class BarChart:
     measured: list[Marker] = field(default_factory=list)
 
 
+def short_number(v: float) -> str:
+    """Three significant digits, without an exponent at or above 1,000 (2,750 not 2.75e+03)."""
+    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
+
+
 def bar_chart(labels: Sequence[str], values: Sequence[float | None], *,
               target: float | None = None, marks: dict | None = None,
               measured: dict[str, float | None] | None = None,
@@ -158,7 +163,7 @@ def bar_chart(labels: Sequence[str], values: Sequence[float | None], *,
             kind = (kind + " over").strip()
         if not known:
             kind = (kind + " unbounded").strip()
-        text = ("∞" if not known else f"{float(v):.3g}")
+        text = ("∞" if not known else short_number(float(v)))
         bars.append(Bar(round(4 + i * slot + slot * 0.15, 1), round(12 + plot_h - h, 1),
                         round(slot * 0.7, 1), round(h, 1), label,
                         float(v) if known else None, text, kind))
@@ -166,7 +171,7 @@ def bar_chart(labels: Sequence[str], values: Sequence[float | None], *,
     if _finite(target) and 0 <= target <= top:
         target_y = round(12 + plot_h - plot_h * target / top, 1)
     markers = [Marker(b.cx, round(12 + plot_h - plot_h * min(given[b.label], top) / top, 1),
-                      b.label, given[b.label], f"{given[b.label]:.3g}", kind)
+                      b.label, given[b.label], short_number(given[b.label]), kind)
                for given, kind in ((observed, "then"), (measured, "applied"))
                for b in bars if b.label in given]
     return BarChart(bars=bars, width=width, height=height, target_y=target_y, top=top,

@@ -3,7 +3,7 @@
 from types import SimpleNamespace
 
 from controlplane.dashboard.decision import decision_view
-from controlplane.dashboard.svg import bar_chart
+from controlplane.dashboard.svg import bar_chart, short_number
 
 
 def _plan(**kw):
@@ -72,7 +72,7 @@ def test_measured_values_of_the_running_layout_are_markers_once_applied():
     goodput, ttft, itl = d["charts"]
     assert d["measured_on_chart"]
     (g,), (t,), (i,) = goodput["chart"].measured, ttft["chart"].measured, itl["chart"].measured
-    assert (g.label, g.value, t.value, i.value) == ("2P:6D", 3.5, 0.9, 0.062)
+    assert (g.label, g.value, t.value, i.value) == ("2P:6D", 3.5, 900.0, 62.0)  # latencies in ms
     # On the chosen bar, and scaled with it: 62 ms is above the 50 ms target line.
     bar = next(b for b in itl["chart"].bars if b.label == "2P:6D")
     assert i.x == bar.cx and i.y < itl["chart"].target_y
@@ -113,7 +113,7 @@ def test_what_was_measured_when_deciding_is_a_hollow_marker_on_the_current_bar()
     d = decision_view(_plan(record=record))
     itl = d["charts"][2]["chart"]
     (m,) = itl.measured
-    assert (m.kind, m.label, m.value) == ("then", "aggregated", 0.058)
+    assert (m.kind, m.label, m.value) == ("then", "aggregated", 58.0)  # ms
     assert d["then_on_chart"] and not d["measured_on_chart"]
 
 
@@ -145,4 +145,27 @@ def test_a_mixed_layout_mid_move_is_charted_from_the_hold_prediction():
     assert [b.label for b in bars] == ["2P + 1D + 29 both", "24P:8D"]
     assert bars[0].kind.startswith("current") and d["then_on_chart"]
     (m,) = d["charts"][2]["chart"].measured
-    assert (m.label, m.value, m.kind) == ("2P + 1D + 29 both", 0.4, "then")
+    assert (m.label, m.value, m.kind) == ("2P + 1D + 29 both", 400.0, "then")  # ms
+
+
+def test_a_long_list_of_moves_is_counted_in_the_verdict_not_listed():
+    moves = ", ".join(f"n1/e{i} both→decode" for i in range(12))
+    text = f"→ move toward 1P:11D (predicted goodput 1.66 req/s vs 0.21 req/s now): {moves}."
+    d = decision_view(_plan(explanation=text))
+    assert d["verdict"] == ("move toward 1P:11D (predicted goodput 1.66 req/s vs 0.21 req/s "
+                            "now): 12 workers change role (each listed below)")
+    few = "→ move toward 2P:6D (finish the move: step 2 of 3): n1/e0 both→prefill."
+    assert decision_view(_plan(explanation=few))["verdict"] == few[2:-1]
+
+
+def test_latency_charts_are_in_ms_and_worker_names_carry_the_node_once():
+    d = decision_view(_plan(diff=[{"worker": "n1/e0", "node": "n1", "from_role": "both",
+                                   "to_role": "prefill", "done": True},
+                                  {"worker": "e1", "node": "n1", "from_role": "both",
+                                   "to_role": "decode", "done": False}]))
+    assert [c["label"] for c in d["progress"]["changes"]] == ["n1/e0", "n1/e1"]
+    _goodput, ttft, itl = d["charts"]
+    assert ttft["unit"] == itl["unit"] == "ms" and ttft["target"] == 2.5  # caption: seconds
+    assert ttft["chart"].target_y is not None
+    assert all(b.text == "∞" or "e" not in b.text for b in ttft["chart"].bars)
+    assert short_number(2750.4) == "2,750" and short_number(4.923) == "4.92"
