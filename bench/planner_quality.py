@@ -180,9 +180,10 @@ class PlannerController:
         self.peak = 0.0
         self.isl = self.osl = 0.0
         self.hit = 0.0
-        # Per engine: prompt tokens, generated tokens, cache hits, cache queries so far.
-        self.counters: dict[str, tuple[int, int, int, int]] = {}
+        # Per engine: generated tokens, cache hits, cache queries so far.
+        self.counters: dict[str, tuple[int, int, int]] = {}
         self.decisions = 0
+        self.memory = None
         self.itl_seen: dict[str, int] = {}  # in-flight request → ITL samples counted
         self.trace: list[tuple] = []  # per cycle: (now, measured TTFT/ITL p95 ms, overload)
 
@@ -198,28 +199,38 @@ class PlannerController:
     def __call__(self, now: float, snap) -> list[RoleChange]:
         rate = snap.arrivals_since_last / max(snap.interval_s, 1e-9)
         self.peak = max(rate, self.peak * 0.9)
-        # Lengths as controlplane.planner.inputs derives them from the agents' token rates:
-        # prompt tokens/s (non-decode workers: a decode worker's remote prompts would count
-        # twice) ÷ request rate, generated tokens/s ÷ request rate; prefix hits from the
-        # prefill-capable workers' cache counters. (Lengths of finished requests alone leave
-        # the first cycles blind when answers take longer than a cycle.)
-        delta = [0, 0, 0, 0]
+        # Answer length from the finished requests' own lengths, or while none finished from
+        # the engines' token counters (generated tokens/s ÷ request rate, short while answers
+        # are still growing); prefix hits from the prefill-capable workers' cache counters. Prompt length
+        # per request, once, when its first token comes (a per-request prompt-length
+        # histogram, as the product reads from the engines): the engines' prompt-token
+        # counters count a P/D prompt on both sides whenever the decode side is a 'both'
+        # worker (the gateway's router picks them mid-move) and again after a preemption
+        # (RTX prefill-heavy-3k-50 read 4,800-token prompts for 3,000 and held 4P:1D + 3 both
+        # as "every layout misses"). Lengths of finished requests alone would leave the
+        # first cycles blind when answers take longer than a cycle.
+        delta = [0, 0, 0]
         for e in snap.engines:
-            now_counts = (e.stats.prompt_tokens, e.stats.generation_tokens,
+            now_counts = (e.stats.generation_tokens,
                           e.stats.prefix_cache_hits, e.stats.prefix_cache_queries)
-            before = self.counters.get(e.engine_id, (0, 0, 0, 0))
+            before = self.counters.get(e.engine_id, (0, 0, 0))
             self.counters[e.engine_id] = now_counts
             d = [a - b for a, b in zip(now_counts, before, strict=True)]
-            delta[1] += d[1]
+            delta[0] += d[0]
             if e.role != "decode" and (e.pending_role or e.role) != "decode":
-                delta[0] += d[0]
+                delta[1] += d[1]
                 delta[2] += d[2]
-                delta[3] += d[3]
-        if rate > 0 and delta[0] > 0:
+        started = [r for r in [*snap.recent_results, *snap.inflight_results]
+                   if r.error is None and r.ttft is not None
+                   and r.request_id not in self.itl_seen]
+        if rate > 0 and started:
             interval = max(snap.interval_s, 1e-9)
-            isl = delta[0] / interval / rate
-            osl = max(delta[1] / interval / rate, 1.0)
-            hit = delta[2] / delta[3] if delta[3] > 0 else 0.0
+            isl = sum(r.prompt_tokens for r in started) / len(started)
+            osl = max(delta[0] / interval / rate, 1.0)
+            done = [r for r in snap.recent_results if r.error is None and r.output_tokens]
+            if done:  # finished answers' own lengths (the engines' per-request histogram)
+                osl = sum(r.output_tokens for r in done) / len(done)
+            hit = delta[1] / delta[2] if delta[2] > 0 else 0.0
             # Smooth over cycles: one window can be a handful of requests.
             a = 0.5 if self.isl else 1.0
             self.isl = (1 - a) * self.isl + a * isl
@@ -247,9 +258,12 @@ class PlannerController:
             rate, self.peak, self.isl, None, self.osl, self.hit, inflight, inflight,
             measured_ttft_p95_ms=ttft_p95, measured_itl_p95_ms=itl_p95,
         )
+        # The move memory carries over between cycles, as the product keeps it in the
+        # planner state (service.py): a move under way is one move, and the dwell rule sees it.
         inp = ModelInput(1, MODEL, shape(self.cluster), tuple(workers), load, self.policy,
-                         self.links)
+                         self.links, memory=self.memory)
         d = plan_model(inp, now)
+        self.memory = d.memory or self.memory
         self.decisions += 1
         self.trace.append((now, ttft_p95, itl_p95, d.overload is not None, len(d.changes)))
         out = []

@@ -272,7 +272,7 @@ def _predicted_worse(inp: ModelInput, target_p: int) -> bool:
     w_now, w_plan = workload_for(load, pol, load.rate_rps), workload_for(load, pol, plan_rate)
     topo = Topology(list(inp.workers), inp.node_links)
     hold = decision_score(
-        predict_layout(inp, layout_state(inp.workers, exclude_draining=True), w_now, topo),
+        predict_layout(inp, layout_state(inp.workers), w_now, topo),
         predict_layout(inp, layout_state(inp.workers), w_plan, topo), load.rate_rps)
     target = decision_score(predict(inp, target_p, w_now, topo),
                             predict(inp, target_p, w_plan, topo), load.rate_rps)

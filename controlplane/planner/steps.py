@@ -235,9 +235,15 @@ def predict_candidates(inp: ModelInput, obs: Observation, topo: Topology,
                        settings: PlannerSettings) -> CandidateVerdict:
     w_now = workload_for(inp.load, inp.policy, obs.rate_rps)
     w_plan = workload_for(inp.load, inp.policy, obs.plan_rate_rps)
-    # Draining workers finish old work and take no new: the layout now runs without them;
-    # holding lands them in the role they drain to.
-    hold_now = predict_layout(inp, layout_state(inp.workers, exclude_draining=True), w_now, topo)
+    # The hold option counts draining workers under the role they drain to, at the load now
+    # as at the planned one. A drain lasts as long as the worker's requests in flight, and
+    # every candidate is a clean layout that needs those same workers: scored without them,
+    # holding mid-move looks like a layout short of workers (near zero goodput), any other
+    # layout clears the hysteresis against it, and each cycle of a move re-targets to
+    # whichever split is best by a point (RTX reasoning-4k-800: 4P + 2D + 2 both with the
+    # 4 prefill workers draining scored 0.00 req/s against 3.85 for 4P:4D, so the planner
+    # turned to 5P:3D at 1.00 vs 0.98 share and lost 60 % of the goodput to cooldowns).
+    hold_now = predict_layout(inp, obs.layout, w_now, topo)
     hold_plan = predict_layout(inp, obs.layout, w_plan, topo)
     by_p = _search(inp, w_now if obs.rate_rps > 0 else w_plan, settings, obs.layout.prefill,
                    topo)
@@ -353,13 +359,25 @@ def gate(inp: ModelInput, obs: Observation, cv: CandidateVerdict, ch: ChoiceVerd
     moved = shift > margin
     base.update(load_shift=shift, dwell_s=settings.dwell_s)
 
+    # What a move must pay for: the better of holding and the clean layout at the current
+    # prefill count. Mid-move the layout as it is has 'both' workers beside the split; the
+    # clean one is reached by relabels alone (both ↔ decode: no drain, no cooldown spent on
+    # a prefill worker), which the hold path does for free. A further move drains workers
+    # and locks them for a cooldown, so it must clear the hysteresis over that free
+    # completion, not over the half-done mix (a point of predicted share is noise).
+    ref_now, ref_plan = cv.hold_now, cv.hold_plan
+    if not st.pure:
+        clean_now, clean_plan = preds(cur_p)
+        if decision_score(clean_now, clean_plan, obs.rate_rps) > hold:
+            ref_now, ref_plan = clean_now, clean_plan
+
     def worth(p: int) -> tuple[bool, bool, bool]:
         """(not worse than holding on the score, gain now, gain at the planned load)."""
         tn, tp = preds(p)
         not_worse = score(p) >= hold
-        g_now = obs.rate_rps > 0 and _gains(tn, cv.hold_now, obs.rate_rps, h)
-        g_plan = tn.goodput_rps >= cv.hold_now.goodput_rps * 0.99 and _gains(
-            tp, cv.hold_plan, obs.plan_rate_rps, h)
+        g_now = obs.rate_rps > 0 and _gains(tn, ref_now, obs.rate_rps, h)
+        g_plan = tn.goodput_rps >= ref_now.goodput_rps * 0.99 and _gains(
+            tp, ref_plan, obs.plan_rate_rps, h)
         return not_worse, g_now, g_plan
 
     if move is not None and (ch.best_prefill == move.target_prefill or not moved):

@@ -65,10 +65,9 @@ def hold_and_target_scores(inp: ModelInput, target_p: int):
     plan_rate = max(load.rate_rps, load.peak_rps) * (1 + DEFAULT_SETTINGS.growth_margin)
     w_now, w_plan = workload_for(load, pol, load.rate_rps), workload_for(load, pol, plan_rate)
     topo = Topology(list(inp.workers), inp.node_links)
-    st_now = layout_state(inp.workers, exclude_draining=True)
-    st_plan = layout_state(inp.workers)
+    st_now = layout_state(inp.workers)  # draining workers under the role they drain to
     hold = decision_score(predict_layout(inp, st_now, w_now, topo),
-                          predict_layout(inp, st_plan, w_plan, topo), load.rate_rps)
+                          predict_layout(inp, st_now, w_plan, topo), load.rate_rps)
     target = decision_score(predict(inp, target_p, w_now, topo),
                             predict(inp, target_p, w_plan, topo), load.rate_rps)
     return hold, target
