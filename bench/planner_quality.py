@@ -199,16 +199,17 @@ class PlannerController:
     def __call__(self, now: float, snap) -> list[RoleChange]:
         rate = snap.arrivals_since_last / max(snap.interval_s, 1e-9)
         self.peak = max(rate, self.peak * 0.9)
-        # Answer length from the finished requests' own lengths, or while none finished from
-        # the engines' token counters (generated tokens/s ÷ request rate, short while answers
-        # are still growing); prefix hits from the prefill-capable workers' cache counters. Prompt length
-        # per request, once, when its first token comes (a per-request prompt-length
-        # histogram, as the product reads from the engines): the engines' prompt-token
-        # counters count a P/D prompt on both sides whenever the decode side is a 'both'
-        # worker (the gateway's router picks them mid-move) and again after a preemption
-        # (RTX prefill-heavy-3k-50 read 4,800-token prompts for 3,000 and held 4P:1D + 3 both
-        # as "every layout misses"). Lengths of finished requests alone would leave the
-        # first cycles blind when answers take longer than a cycle.
+        # Answer length from the finished requests' own lengths, or while none finished
+        # from the engines' token counters (generated tokens/s ÷ request rate, short while
+        # answers are still growing); prefix hits from the prefill-capable workers' cache
+        # counters. Prompt length per request, once, when its first token comes (a
+        # per-request prompt-length histogram, as the product reads from the engines): the
+        # engines' prompt-token counters count a P/D prompt on both sides whenever the
+        # decode side is a 'both' worker (the gateway's router picks them mid-move) and
+        # again after a preemption (RTX prefill-heavy-3k-50 read 4,800-token prompts for
+        # 3,000 and held 4P:1D + 3 both as "every layout misses"). Lengths of finished
+        # requests alone would leave the first cycles blind when answers take longer than a
+        # cycle.
         delta = [0, 0, 0]
         for e in snap.engines:
             now_counts = (e.stats.generation_tokens,
