@@ -29,12 +29,14 @@ where the online calibration's EWMA settles in steady state.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import multiprocessing
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,7 +110,7 @@ def make_workload(cluster: dict, name: str, load: float, n: int):
     return wl, slo
 
 
-def simulate(cluster: dict, wl, slo: dict, n_prefill: int) -> dict:
+def simulate(cluster: dict, wl, slo: dict, n_prefill: int, trace: bool = False) -> dict:
     engines = sim_engines(cluster, static_roles(cluster, n_prefill))
     fleet = VirtualFleet(engines, sim_links(cluster))
     result = fleet.run(wl)
@@ -119,6 +121,9 @@ def simulate(cluster: dict, wl, slo: dict, n_prefill: int) -> dict:
     s = summarize(late, slo["ttft_ms"], slo["itl_ms"], 0.9, result.num_gpus, duration=span)
     prompts = [r.prompt_tokens for r in late if r.error is None]
     cached = sum(r.cached_tokens for r in late if r.error is None)
+    uncached = [r.prompt_tokens - r.cached_tokens for r in late if r.error is None]
+    growth, growth_rate = ttft_growth(late)
+    cv2 = arrival_cv2(arrivals) if trace else 1.0
     return {
         "ttft_p95_s": (s.ttft_ms.get("p95") or 0) / 1000 if s.ttft_ms.get("p95") else None,
         "itl_p95_s": (s.itl_ms.get("p95") or 0) / 1000 if s.itl_ms.get("p95") else None,
@@ -127,10 +132,56 @@ def simulate(cluster: dict, wl, slo: dict, n_prefill: int) -> dict:
         "rate_rps": len(late) / span,
         "isl_mean": statistics.fmean(prompts) if prompts else 0.0,
         "isl_p95": percentile(prompts, 95) if prompts else None,
+        "uncached_p95": percentile(uncached, 95) if uncached else None,
         "osl_mean": statistics.fmean([r.output_tokens for r in late]) if late else 0.0,
         "prefix_hit": cached / sum(prompts) if prompts and sum(prompts) else 0.0,
         "requests": len(late),
+        # Burstiness of the arrivals: squared coefficient of variation of their gaps.
+        "arrival_cv2": cv2,
+        "ttft_growth_s": growth,
+        "ttft_growth_rate": growth_rate,
     }
+
+
+def arrival_cv2(arrivals: list[float]) -> float:
+    """Burstiness of a trace's arrivals: the squared coefficient of variation of the gaps
+    between them (1 for Poisson). The scenario workloads are generated Poisson, so they get
+    1 exactly rather than a noisy estimate from a few dozen gaps."""
+    gaps = [b - a for a, b in itertools.pairwise(sorted(arrivals))]
+    mean = statistics.fmean(gaps) if len(gaps) > 1 else 0.0
+    return statistics.pvariance(gaps) / mean ** 2 if mean > 0 else 1.0
+
+
+def ttft_growth(results) -> tuple[float, float]:
+    """(TTFT growth across the measured window in seconds, its rate in seconds per second):
+    the mean TTFT of the last quarter of the measured arrivals minus that of the first,
+    and that over the time between the two quarters' mean arrivals. A stable queue's TTFT
+    does not trend; an unstable one's grows at about ρ − 1 seconds per second."""
+    got = sorted((r.arrival, r.ttft) for r in results if r.ttft is not None)
+    q = len(got) // 4
+    if q < 2:
+        return 0.0, 0.0
+    head, tail = got[:q], got[-q:]
+    growth = statistics.fmean(t for _a, t in tail) - statistics.fmean(t for _a, t in head)
+    elapsed = statistics.fmean(a for a, _t in tail) - statistics.fmean(a for a, _t in head)
+    return growth, growth / elapsed if elapsed > 0 else 0.0
+
+
+GROWTH_RATE = 0.1  # s/s: an unstable queue at ρ ≳ 1.1
+GROWTH_MIN_SHARE = 0.2  # of the TTFT target: a trend too small to matter is noise
+
+
+def sim_overloaded(sim: dict, ttft_target_s: float) -> bool:
+    """The simulator's run counts as overloaded (a queue that grows without bound) when its
+    TTFT p95 is past 5× the target or its TTFT
+    grows across the measured window at ≥ :data:`GROWTH_RATE` seconds per second by more
+    than :data:`GROWTH_MIN_SHARE` of the target: a finite run of an unstable queue shows a
+    finite p95 that only grows with the run's length."""
+    p95 = sim["ttft_p95_s"]
+    if p95 is None or p95 > 5 * ttft_target_s:
+        return True
+    growth, rate = sim.get("ttft_growth_s", 0.0), sim.get("ttft_growth_rate", 0.0)
+    return rate >= GROWTH_RATE and growth > GROWTH_MIN_SHARE * ttft_target_s
 
 
 def predict_cell(cluster: dict, slo: dict, stats: dict, n_prefill: int) -> dict:
@@ -140,12 +191,15 @@ def predict_cell(cluster: dict, slo: dict, stats: dict, n_prefill: int) -> dict:
     load = LoadInput(stats["rate_rps"], stats["rate_rps"], stats["isl_mean"], stats["isl_p95"],
                      stats["osl_mean"], stats["prefix_hit"])
     inp = ModelInput(1, MODEL, shape(cluster), tuple(workers), load, pol, links)
-    p = predict(inp, n_prefill, workload_for(load, pol, stats["rate_rps"]),
-                Topology(workers, links))
+    workload = replace(workload_for(load, pol, stats["rate_rps"]),
+                       arrival_cv2=stats.get("arrival_cv2", 1.0),
+                       uncached_p95=stats.get("uncached_p95"))
+    p = predict(inp, n_prefill, workload, Topology(workers, links))
     return {"ttft_p95_s": None if math.isinf(p.ttft_p95_s) else p.ttft_p95_s,
             "itl_p95_s": None if math.isinf(p.itl_p95_s) else p.itl_p95_s,
             "share": p.attainment, "goodput_rps": p.goodput_rps, "overloaded": p.overloaded,
-            "layout": p.layout}
+            "layout": p.layout, "utilisation": p.utilisation, "bottleneck": p.bottleneck,
+            "capacity_rps": None if math.isinf(p.capacity_rps) else p.capacity_rps}
 
 
 def _job(args):
@@ -153,36 +207,39 @@ def _job(args):
     cluster = CLUSTERS[cname]
     wl, slo = make_workload(cluster, wname, load, n)
     started = time.perf_counter()
-    sim = simulate(cluster, wl, slo, n_prefill)
+    sim = simulate(cluster, wl, slo, n_prefill, trace=wname in TRACES)
     pred = predict_cell(cluster, slo, sim, n_prefill)
     return {"cluster": cname, "workload": wname, "load": load, "n_prefill": n_prefill,
             "layout": pred["layout"], "slo": slo, "sim": sim, "pred": pred,
             "wall_s": time.perf_counter() - started}
 
 
-def rel_err(pred: float | None, sim: float | None, target_s: float, sim_share: float) -> float:
-    sim_over = sim is None or sim > 5 * target_s or sim_share < 0.1
-    if pred is None:
-        return 0.0 if sim_over else 1.0
-    if sim is None or sim <= 0:
+def rel_err(pred: float | None, sim: float | None) -> float:
+    """|predicted − simulated| ÷ simulated, capped at 10 (a missing side counts 100 %)."""
+    if pred is None or sim is None or sim <= 0:
         return 1.0
     return min(abs(pred - sim) / sim, 10.0)
 
 
-def spearman(xs: list[float], ys: list[float]) -> float | None:
-    def ranks(v):
-        order = sorted(range(len(v)), key=lambda i: v[i])
-        r = [0.0] * len(v)
-        i = 0
-        while i < len(order):
-            j = i
-            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                r[order[k]] = (i + j) / 2
-            i = j + 1
-        return r
+def ranks(keys: list) -> list[float]:
+    """Ranks (0-based) with ties sharing their average rank; ``keys`` compare as tuples."""
+    order = sorted(range(len(keys)), key=lambda i: keys[i])
+    r = [0.0] * len(keys)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and keys[order[j + 1]] == keys[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            r[order[k]] = (i + j) / 2
+        i = j + 1
+    return r
 
+
+def spearman(xs: list, ys: list) -> float | None:
+    """Spearman's ρ with average ranks for ties. None when the simulator ranks every layout
+    equal (a correlation with a constant is undefined: no order to agree with); 0 when only
+    the prediction does (an order existed and the model did not see it)."""
     if len(set(ys)) < 2:
         return None
     if len(set(xs)) < 2:
@@ -192,44 +249,78 @@ def spearman(xs: list[float], ys: list[float]) -> float | None:
     cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
     sx = math.sqrt(sum((a - mx) ** 2 for a in rx))
     sy = math.sqrt(sum((b - my) ** 2 for b in ry))
-    return cov / (sx * sy) if sx and sy else 0.0
+    return cov / (sx * sy)
 
 
 def quantile(xs: list[float], q: float) -> float | None:
     return percentile(xs, q) if xs else None
 
 
+def _sim_key(c: dict) -> tuple:
+    # Goodput in steady state: an overloaded run serves ~nothing in the long run, however
+    # much its finite window served; among those, the one whose TTFT grew least is closest.
+    sim = c["sim"]
+    if c["sim_overloaded"]:
+        return (0.0, -(sim["ttft_p95_s"] or math.inf))
+    return (round(sim["goodput_rps"], 4), 0.0)
+
+
+def _pred_key(c: dict) -> tuple:
+    # The planner's own order: goodput, then the rate at which the layout saturates.
+    pred = c["pred"]
+    cap = pred["capacity_rps"] if pred["capacity_rps"] is not None else math.inf
+    return (round(pred["goodput_rps"], 4), float(f"{cap:.2g}") if cap > 0 else 0.0)
+
+
 def summarise(cells: list[dict]) -> dict:
+    """Scores (see the module docstring): p95 errors on the cells both sides call stable,
+    overload agreement on all, share error on all but those both call overloaded."""
     ttft, itl, share, factors = [], [], [], []
+    confusion = {"both_stable": 0, "both_overloaded": 0, "pred_only": 0, "sim_only": 0}
     cases: dict = {}
     for c in cells:
         slo = c["slo"]
         sim, pred = c["sim"], c["pred"]
-        c["ttft_err"] = rel_err(pred["ttft_p95_s"], sim["ttft_p95_s"], slo["ttft_ms"] / 1000,
-                                sim["share"])
-        c["itl_err"] = rel_err(pred["itl_p95_s"], sim["itl_p95_s"], slo["itl_ms"] / 1000,
-                               sim["share"])
+        c["sim_overloaded"] = sim_overloaded(sim, slo["ttft_ms"] / 1000)
+        p_over, s_over = bool(pred["overloaded"]), c["sim_overloaded"]
+        kind = ("both_overloaded" if p_over and s_over else "pred_only" if p_over
+                else "sim_only" if s_over else "both_stable")
+        confusion[kind] += 1
+        c["agreement"] = kind
         c["share_err_points"] = abs(pred["share"] - sim["share"]) * 100
-        ttft.append(c["ttft_err"])
-        itl.append(c["itl_err"])
-        share.append(c["share_err_points"])
-        for k in ("ttft_p95_s", "itl_p95_s"):
-            if pred[k] and sim[k] and not pred["overloaded"]:
-                factors.append(sim[k] / pred[k])
+        if kind != "both_overloaded":
+            share.append(c["share_err_points"])
+        if kind == "both_stable":
+            c["ttft_err"] = rel_err(pred["ttft_p95_s"], sim["ttft_p95_s"])
+            c["itl_err"] = rel_err(pred["itl_p95_s"], sim["itl_p95_s"])
+            ttft.append(c["ttft_err"])
+            itl.append(c["itl_err"])
+            for k in ("ttft_p95_s", "itl_p95_s"):
+                if pred[k] and sim[k]:
+                    factors.append(sim[k] / pred[k])
         cases.setdefault((c["cluster"], c["workload"], c["load"]), []).append(c)
-    corrs = {}
+    corrs, ties = {}, []
     for key, cs in cases.items():
-        r = spearman([x["pred"]["goodput_rps"] for x in cs], [x["sim"]["goodput_rps"] for x in cs])
-        if r is not None:
-            corrs["/".join(map(str, key))] = round(r, 3)
+        r = spearman([_pred_key(x) for x in cs], [_sim_key(x) for x in cs])
+        name = "/".join(map(str, key))
+        if r is None:
+            ties.append(name)
+        else:
+            corrs[name] = round(r, 3)
+    agree = confusion["both_stable"] + confusion["both_overloaded"]
     return {
         "cells": len(cells),
+        "stable_cells": confusion["both_stable"],
         "ttft_p95_median_abs_err": quantile(ttft, 50),
         "ttft_p95_p90_abs_err": quantile(ttft, 90),
         "itl_p95_median_abs_err": quantile(itl, 50),
         "itl_p95_p90_abs_err": quantile(itl, 90),
         "share_abs_err_p90": quantile(share, 90),
+        "overload_agreement": agree / len(cells) if cells else None,
+        "overload_confusion": confusion,
         "rank_corr_min": min(corrs.values()) if corrs else None,
+        "rank_corr_cases": len(corrs),
+        "rank_corr_tied_cases": ties,
         "rank_corr": corrs,
         "calibration_factor_range": [min(factors), max(factors)] if factors else None,
     }

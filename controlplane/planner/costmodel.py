@@ -192,6 +192,11 @@ class CostParams:
     pcie_latency_s: float = 20e-6
     rdma_latency_s: float = 50e-6
     tcp_latency_s: float = 500e-6
+    # The gateway routes each request when it arrives (gateway/router.py): one whose prompt
+    # has a cached prefix covering at least this share follows the worker holding it
+    # (prefix affinity, gateway.table.ModelRoute.prefix_min_match), busy or not; the rest
+    # go to the least-loaded worker. 0 turns the affinity term off.
+    prefix_min_match: float = 0.3
     # Calibration factors (measured ÷ predicted p95, see calibration.py).
     ttft_factor: float = 1.0
     itl_factor: float = 1.0
@@ -446,19 +451,25 @@ class QueueWait:
 
 
 def mgc_wait(
-    rate: float, service_s: float, servers: int, service_cv2: float = 1.0
+    rate: float, service_s: float, servers: int, service_cv2: float = 1.0,
+    arrival_cv2: float = 1.0,
 ) -> QueueWait:
-    """M/G/c waiting time: Wq ≈ ρ^(√(2(c+1))−1) / (c(1−ρ)) × (1+cs²)/2 × S.
+    """G/G/c waiting time (Sakasegawa, Allen–Cunneen):
+    Wq ≈ ρ^(√(2(c+1))−1) / (c(1−ρ)) × (ca²+cs²)/2 × S.
 
-    Poisson arrivals (ca² = 1). The probability of waiting is the Erlang-C term of the same
-    approximation; given a wait, it is taken as exponential, which yields the p95."""
+    ``arrival_cv2`` (ca²) is the squared coefficient of variation of the gaps between
+    arrivals: 1 for Poisson, more for bursty traffic (requests that arrive together queue
+    together however idle the fleet is on average). The probability of waiting is the
+    Erlang-C term of the same approximation; given a wait, it is taken as exponential,
+    which yields the p95."""
     if rate <= 0 or service_s <= 0 or servers <= 0:
         return QueueWait(0.0, 0.0, 0.0, 0.0)
     rho = rate * service_s / servers
     if rho >= 1:
         return QueueWait(rho, 1.0, math.inf, math.inf)
     p_wait = min(1.0, rho ** (math.sqrt(2.0 * (servers + 1)) - 1.0))
-    mean = p_wait / (servers * (1.0 - rho)) * (1.0 + service_cv2) / 2.0 * service_s
+    variability = (max(arrival_cv2, 0.0) + max(service_cv2, 0.0)) / 2.0
+    mean = p_wait / (servers * (1.0 - rho)) * variability * service_s
     p95 = 0.0
     if p_wait > 0.05 and mean > 0:
         p95 = (mean / p_wait) * math.log(p_wait / 0.05)
@@ -480,6 +491,13 @@ class Workload:
     ttft_slo_s: float = 1.0
     itl_slo_s: float = 0.05
     isl_p50: float | None = None  # with the p95, fixes the prompt-length spread
+    # Squared coefficient of variation of the gaps between arrivals: 1 = Poisson (the
+    # default when unknown), more = bursty (see mgc_wait).
+    arrival_cv2: float = 1.0
+    # p95 over requests of the prompt tokens *not* found in the prefix cache. Hits are per
+    # request (a prompt finds its prefix cached or not), so the tail prompt is often a miss
+    # computed in full; without it every prompt is taken to hit the mean share.
+    uncached_p95: float | None = None
 
     @property
     def uncached_mean(self) -> float:
@@ -572,6 +590,15 @@ class Prediction:
         out["meets_slo"] = self.meets_slo
         out["goodput_per_gpu"] = _finite(self.goodput_per_gpu)
         return out
+
+
+def affinity_share(prefix_hit: float, params: CostParams = DEFAULT_PARAMS) -> float:
+    """Share of requests routed by prefix affinity rather than by load, bounded by the
+    tokens found cached: a followed request has ≥ ``params.prefix_min_match`` of its prompt
+    cached, so followed ÷ all ≤ prefix_hit ÷ min_match (the bound is taken as the share)."""
+    if params.prefix_min_match <= 0:
+        return 0.0
+    return _clamp(prefix_hit / params.prefix_min_match, 0.0, 1.0)
 
 
 def _clamp(x: float, lo: float, hi: float) -> float:

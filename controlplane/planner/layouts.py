@@ -42,6 +42,7 @@ from .costmodel import (
     WorkerShape,
     Workload,
     _clamp,
+    affinity_share,
     effective_gbs,
     kv_capacity_tokens,
     layout_name,
@@ -199,6 +200,26 @@ def _points(w: Workload) -> tuple[tuple[float, ...], tuple[float, ...]]:
     return isl, tuple(x + osl / 2.0 for x in isl)
 
 
+def _prompt_work(w: Workload, isl_pts: tuple[float, ...]) -> list[tuple[float, float]]:
+    """(uncached, cached) tokens of the eight quantile prompts. With the uncached p95 known
+    the uncached lengths get their own fit (paired in order with the prompt lengths: a long
+    prompt is not cached more); else each prompt hits the mean share."""
+    hit = _clamp(w.prefix_hit, 0.0, 1.0)
+    if not w.uncached_p95 or hit <= 0:
+        return [(x * (1 - hit), x * hit) for x in isl_pts]
+    unc = length_points(w.uncached_mean, min(w.uncached_p95, max(isl_pts)))
+    return [(min(u, x), max(x - u, 0.0)) for u, x in zip(unc, isl_pts, strict=True)]
+
+
+def _tail_work(w: Workload, p95_len: float) -> tuple[float, float]:
+    """(uncached, cached) tokens of the p95 prompt (see :func:`_prompt_work`)."""
+    hit = _clamp(w.prefix_hit, 0.0, 1.0)
+    if not w.uncached_p95 or hit <= 0:
+        return p95_len * (1 - hit), p95_len * hit
+    u = min(max(w.uncached_p95, p95_len * (1 - hit)), p95_len)
+    return u, p95_len - u
+
+
 def predict_aggregated(
     model: ModelSpec, shape: WorkerShape, workers: int, w: Workload,
     params: CostParams = DEFAULT_PARAMS,
@@ -211,8 +232,8 @@ def predict_aggregated(
     if cap_tokens <= 0 or workers <= 0:
         return _overloaded(name, 0, workers, w, math.inf, "weights do not fit", gpus, fits=False)
     r = w.rate_rps / workers
-    hit = _clamp(w.prefix_hit, 0.0, 1.0)
     isl_pts, ctx_pts = _points(w)
+    work = _prompt_work(w, isl_pts)
     timing = Timing.of(model, shape.gpu, shape.tp)
     ctx = w.context_mean
     chunk = float(params.chunk_tokens)
@@ -228,10 +249,10 @@ def predict_aggregated(
     for it in range(13):
         t_d = timing.step(batch, ctx)
         final = it == 12
-        lengths = isl_pts if final else (w.isl_mean,)
+        lengths = work if final else [(u_mean, w.isl_mean - u_mean)]
         services, steps = [], []
-        for length in lengths:
-            mine = _chunk_steps(timing, batch, ctx, length * (1 - hit), length * hit, chunk)
+        for u, c in lengths:
+            mine = _chunk_steps(timing, batch, ctx, u, c, chunk)
             steps.append(mine)
             services.append(sum(mine))
         mean_s = sum(services) / len(lengths)
@@ -248,8 +269,7 @@ def predict_aggregated(
         itl_mean = (1 - f) * t_d + f * mixed_mean
         batch = r * w.osl_mean * itl_mean
     if len(services) != POINTS:  # stopped early (overloaded): price the quantiles anyway
-        steps = [_chunk_steps(timing, batch, ctx, x * (1 - hit), x * hit, chunk)
-                 for x in isl_pts]
+        steps = [_chunk_steps(timing, batch, ctx, u, c, chunk) for u, c in work]
         services = [sum(x) for x in steps]
     mean_s = sum(services) / POINTS if services else 0.0
     rho_p = r * mean_s
@@ -270,14 +290,14 @@ def predict_aggregated(
         return _overloaded(name, 0, workers, w, max(util, 1.0), where, gpus, **extra)
     k = params.ttft_factor
     var_s = sum((s - mean_s) ** 2 for s in services) / POINTS
-    wait = mgc_wait(w.rate_rps, mean_s, workers, var_s / mean_s ** 2 if mean_s > 0 else 0.0)
-    over = _wait_cdf_inv(wait.p_wait, wait.mean_s)
+    cv2 = var_s / mean_s ** 2 if mean_s > 0 else 0.0
+    over, wait_p95, queue_p95 = _dispatch_wait(w, mean_s, workers, cv2, params)
     fixed = services if mean_u > 0 else [t_d]
     # Eight points resolve a queue's tail, not the p95 of the service itself: that is the
     # p95 prompt's own prefill (what sets TTFT p95 when nobody waits).
     p95_len = _p95_length(w, isl_pts)
-    s95 = _chunked_service(timing, batch, ctx, p95_len * (1 - hit), p95_len * hit, chunk)
-    ttft_p95 = max(_mixture_p95(fixed, over, wait.p95_s), s95 if mean_u > 0 else 0.0) * k
+    s95 = _chunked_service(timing, batch, ctx, *_tail_work(w, p95_len), chunk)
+    ttft_p95 = max(_mixture_p95(fixed, over, wait_p95), s95 if mean_u > 0 else 0.0) * k
     slo_left = w.ttft_slo_s / k
     p_ttft = sum(1.0 - over(slo_left - s) if s < slo_left else 0.0 for s in fixed) / POINTS
     # Token gaps: pure decode steps, and steps carrying a chunk of each quantile's prompt.
@@ -304,13 +324,36 @@ def predict_aggregated(
     return Prediction(
         layout=name, n_prefill=0, n_decode=workers, rate_rps=w.rate_rps,
         ttft_p95_s=ttft_p95, itl_p95_s=itl_p95, itl_mean_s=itl_mean * params.itl_factor,
-        prefill_s=tail_service * k, queue_p95_s=wait.p95_s * k, transfer_s=0.0,
+        prefill_s=tail_service * k, queue_p95_s=queue_p95 * k, transfer_s=0.0,
         transfer_mean_s=0.0, decode_batch=batch, kv_capacity_seqs=cap_seqs, kv_used=kv_used,
         utilisation=util, bottleneck="prefill" if rho_p >= kv_used else "KV cache",
         attainment=attainment, goodput_rps=w.rate_rps * attainment, gpus=gpus,
         mixed_step_share=f, chunk_s=max(chunk_s, 0.0), capacity_rps=_capacity(w.rate_rps, util),
         preempt_risk=risk,
     )
+
+
+def _dispatch_wait(w: Workload, mean_s: float, workers: int, cv2: float,
+                   params: CostParams):
+    """(P(wait > t), an upper bound of the wait's p95, the wait's p95) for the aggregated
+    pool. The gateway dispatches each request on arrival, so every worker keeps its own
+    queue: a request routed by load goes to the least-loaded worker, which behaves like one
+    shared queue (M/G/c: least work left is FCFS over c servers); one routed by prefix
+    affinity goes to the worker holding its prefix whether or not that worker is busy,
+    i.e. a queue of its own at the per-worker rate (M/G/1 at rate ÷ c)."""
+    pooled = mgc_wait(w.rate_rps, mean_s, workers, cv2, w.arrival_cv2)
+    over_pooled = _wait_cdf_inv(pooled.p_wait, pooled.mean_s)
+    a = affinity_share(w.prefix_hit, params) if workers > 1 else 0.0
+    if a <= 0:
+        return over_pooled, pooled.p95_s, pooled.p95_s
+    alone = mgc_wait(w.rate_rps / workers, mean_s, 1, cv2, w.arrival_cv2)
+    over_alone = _wait_cdf_inv(alone.p_wait, alone.mean_s)
+
+    def over(t: float) -> float:
+        return a * over_alone(t) + (1.0 - a) * over_pooled(t)
+
+    bound = max(alone.p95_s, pooled.p95_s)
+    return over, bound, _mixture_p95([0.0], over, bound) if bound > 0 else 0.0
 
 
 def _chunk_steps(timing: Timing, batch: float, ctx: float, u: float, cached: float,
@@ -358,13 +401,13 @@ def predict_split(
     if n_prefill <= 0 or n_decode <= 0:
         return _overloaded(name, n_prefill, n_decode, w, math.inf, "empty pool", gpus,
                            kv_capacity_seqs=cap_seqs)
-    hit = _clamp(w.prefix_hit, 0.0, 1.0)
     isl_pts, ctx_pts = _points(w)
     timing = Timing.of(model, shape.gpu, shape.tp)
-    services = [timing.prefill(x * (1 - hit), x * hit, params.chunk_tokens) for x in isl_pts]
+    services = [timing.prefill(u, c, params.chunk_tokens) for u, c in _prompt_work(w, isl_pts)]
     mean_s = sum(services) / POINTS
     var_s = sum((s - mean_s) ** 2 for s in services) / POINTS
-    wait = mgc_wait(w.rate_rps, mean_s, n_prefill, var_s / mean_s ** 2 if mean_s > 0 else 0.0)
+    wait = mgc_wait(w.rate_rps, mean_s, n_prefill, var_s / mean_s ** 2 if mean_s > 0 else 0.0,
+                    w.arrival_cv2)
     kvb = model.kv_bytes_per_token
     nbytes_mean = w.isl_mean * kvb
     # Transfer per quantile prompt: the share-weighted path time, and for the tail the
@@ -445,7 +488,7 @@ def predict_split(
     fixed_tail = [s + (t / k) + t_d for s, t in zip(services, t_pts_tail, strict=True)]
     fixed_mean = [s + (t / k) + t_d for s, t in zip(services, t_pts_mean, strict=True)]
     p95_len = _p95_length(w, isl_pts)
-    s95 = (timing.prefill(p95_len * (1 - hit), p95_len * hit, params.chunk_tokens)
+    s95 = (timing.prefill(*_tail_work(w, p95_len), params.chunk_tokens)
            + t_d + (xfer(p95_len * kvb, slow) / k if slow is not None else 0.0))
     ttft_p95 = max(_mixture_p95(fixed_tail, over, wait.p95_s), s95) * k
     slo_left = w.ttft_slo_s / k
