@@ -65,6 +65,27 @@ def _has_token(data: bytes) -> bool:
     return not (b'"role"' in data and b'"content":""' in data and data.count(b"data:") <= 1)
 
 
+_PROMPT_TOKENS_KEY = b'"prompt_tokens"'
+
+
+def _usage_prompt_tokens(payload: bytes) -> int | None:
+    """``usage.prompt_tokens`` of an answer without decoding all of it (an answer can be
+    long; only this one number is wanted): the last ``"prompt_tokens": <int>`` in it. The
+    key cannot occur unescaped inside generated text (its quotes would be escaped)."""
+    at = payload.rfind(_PROMPT_TOKENS_KEY)
+    if at < 0:
+        return None
+    rest = payload[at + len(_PROMPT_TOKENS_KEY):at + len(_PROMPT_TOKENS_KEY) + 32]
+    rest = rest.lstrip(b" \t\r\n")
+    if not rest.startswith(b":"):
+        return None
+    digits = rest[1:].lstrip(b" \t\r\n")
+    end = 0
+    while end < len(digits) and 48 <= digits[end] <= 57:
+        end += 1
+    return int(digits[:end]) if 0 < end <= 12 else None
+
+
 class Reservation:
     """The router's load arithmetic for one request (``router.LoadReservation``: queued
     prefill where it prefills, added KV where it decodes), plus what a gateway process adds
@@ -643,12 +664,14 @@ class Gateway(AdminAPI):
     def _learn_tokens(self, model, prompt, payload: bytes, answer=None) -> None:
         if not prompt["chars"]:
             return
-        try:
-            answer = answer if answer is not None else orjson.loads(payload)
-            tokens = answer["usage"]["prompt_tokens"]
-        except (orjson.JSONDecodeError, KeyError, TypeError):
-            return
-        if isinstance(tokens, int):
+        if answer is not None:
+            try:
+                tokens = answer["usage"]["prompt_tokens"]
+            except (KeyError, TypeError):
+                return
+        else:
+            tokens = _usage_prompt_tokens(payload)
+        if isinstance(tokens, int) and not isinstance(tokens, bool):
             estimator = self.estimators[model.name]
             estimator.observe(prompt["chars"], tokens)
             sized = self._sized_at.get(model.name, 0.0)

@@ -26,6 +26,8 @@ The response object offers the few ``aiohttp.ClientResponse`` calls the gateway 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -98,6 +100,11 @@ class _Connection(asyncio.Protocol):
     # -- asyncio.Protocol
     def connection_made(self, transport) -> None:
         self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            # Each request is one write, but an answer read promptly needs no delayed ACK.
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
         if self.response is None:
