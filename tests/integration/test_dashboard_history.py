@@ -73,3 +73,18 @@ def test_an_applied_plan_is_measured_by_the_next_observation(model):
     assert (measured["layout"], measured["ttft_p95_s"], measured["rate_rps"]) == \
         ("2P:14D", 1.1, 3.5)
     assert measured_after_apply(_plan(model, timezone.now(), {})) is None  # not applied
+
+
+def test_an_applied_plan_with_nothing_measured_yet_says_so(model):
+    from django.template.loader import render_to_string
+
+    applied_at = timezone.now() - timedelta(seconds=30)
+    plan = _plan(model, applied_at - timedelta(seconds=30), _observe("aggregated", 900, 54),
+                 status="applied", applied_at=applied_at)
+    ModelPlannerState.objects.update_or_create(
+        served_model=model, defaults={"last_run_at": timezone.now(),
+                                      "last_record": _observe("2P:14D", None, None, 0.0)})
+    html = render_to_string("dashboard/_plan.html", {"plan": plan})
+    line = html[html.index('class="measured-line"'):]
+    assert "since applied: no request measured yet · 0.00 req/s served" in line
+    assert "no data" not in line[:line.index("</p>")]
