@@ -19,6 +19,7 @@ the end of this folder's tests, whatever happened.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -34,7 +35,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import ci_requires_all_tiers, tier_note
+from tests.conftest import ci_requires_all_tiers, processes_with, tier_note
 from tests.realvllm import host_capability
 
 HERE = Path(__file__).resolve().parent
@@ -127,6 +128,20 @@ def _distinct_free_ports(count: int) -> list[int]:
         return ports
 
 
+ENGINE_SITE = Path(__file__).resolve().parent / "engine_site"
+RUN_MARKER_VALUE = f"{os.getpid()}-{time.time_ns()}"
+
+
+def stop_stragglers() -> list[int]:
+    """SIGKILL any process of this run's engines still alive (an engine core or worker that
+    outlived its API server's process group once left a busy worker behind); their PIDs."""
+    pids = processes_with(f"PDPLANE_REALVLLM_RUN={RUN_MARKER_VALUE}")
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return pids
+
+
 def engine_base_environment() -> dict[str, str]:
     """What every engine process (and the NIXL probe) runs with."""
     env = dict(os.environ)
@@ -134,6 +149,11 @@ def engine_base_environment() -> dict[str, str]:
     for var in ("VIRTUAL_ENV", "PYTHONPATH", "DJANGO_SETTINGS_MODULE"):
         env.pop(var, None)
     env.update(
+        # Only the start-up hook that requests the AMX tile-data state (the issue-15 SIGILL:
+        # see engine_site/sitecustomize.py) — nothing of the project's own code.
+        PYTHONPATH=str(ENGINE_SITE),
+        # Every process of this run's engines carries it, so teardown finds stragglers.
+        PDPLANE_REALVLLM_RUN=RUN_MARKER_VALUE,
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
         VLLM_NO_USAGE_STATS="1",
@@ -322,6 +342,9 @@ def vllm_engines(vllm_python: Path, tiny_model_dir: Path, tmp_path_factory) -> I
         yield pair
     finally:
         pair.stop()
+        time.sleep(0.5)
+        if stragglers := stop_stragglers():
+            print(f"\n[realvllm] killed engine processes left behind: {stragglers}")
 
 
 @pytest.fixture(scope="package")

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+AMX_STATE_MISSING = 3  # nixl_probe.py's exit code for it (the probe runs in the vLLM venv)
 PROBE_TIMEOUT_S = 180
 # vLLM's multiproc executor logs a dead worker's exit code; -4 is SIGILL.
 SIGILL_IN_LOG = re.compile(r"died unexpectedly \(exit code: -4\)|Fatal Python error: Illegal "
@@ -74,6 +75,10 @@ def classify_probe(returncode: int, stdout: str, stderr: str) -> Capability:
             return Capability(True, False, f"NIXL probe moved {result.get('bytes')} bytes in "
                                            f"{result.get('transfer_ms')} ms")
         return Capability(False, False, f"NIXL probe exited 0 without a result: {stdout[-300:]}")
+    if returncode == AMX_STATE_MISSING:
+        return Capability(False, True, (
+            f"no AMX tile-data permission on {cpu_summary()} (the kernel refused "
+            "ARCH_REQ_XCOMP_PERM): vLLM's AMX attention would die of SIGILL on the decode side"))
     sigill = returncode == -signal.SIGILL or "exited with -4" in stderr
     if sigill:
         side = "decode side" if returncode == -signal.SIGILL else "prefill side"

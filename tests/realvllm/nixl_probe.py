@@ -8,6 +8,11 @@ same transport settings the engines get. Both load vLLM's CPU kernels first, as 
 worker does. Exit 0 and one JSON line on stdout when the bytes arrived intact; anything
 else is a failure, and a death by signal is reported by the caller as a host fault.
 
+The decode side also checks the fault that issue 15 turned out to be: on a CPU that
+advertises AMX, the process must hold the kernel's tile-data permission before vLLM's AMX
+attention runs (engine_site/sitecustomize.py asks for it). Without it the probe exits
+``AMX_STATE_MISSING`` — the one-token decode step of a real decode engine would die of SIGILL.
+
 Run: ``<vllm venv>/bin/python nixl_probe.py`` (no arguments).
 """
 
@@ -21,6 +26,28 @@ import time
 
 SIZE = 4096
 TIMEOUT_S = 60.0
+AMX_STATE_MISSING = 3  # exit code: AMX advertised, tile-data permission not held
+XFEATURE_XTILEDATA = 18
+
+
+def amx_tile_state() -> str:
+    """'not advertised', 'granted' or 'missing' for this process (Linux x86_64)."""
+    import ctypes
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            advertised = " amx_tile" in cpuinfo.read()
+    except OSError:
+        advertised = False
+    if not advertised or sys.platform != "linux" or platform.machine() != "x86_64":
+        return "not advertised"
+    permitted = ctypes.c_uint64(0)
+    libc = ctypes.CDLL(None, use_errno=True)
+    # arch_prctl(ARCH_GET_XCOMP_PERM, &mask): the extended states this process may use.
+    if libc.syscall(158, 0x1022, ctypes.byref(permitted)) != 0:
+        return "missing"
+    return "granted" if permitted.value >> XFEATURE_XTILEDATA & 1 else "missing"
 
 
 def _load_engine_kernels() -> None:
@@ -49,6 +76,10 @@ def _decode_side(from_prefill, to_prefill) -> dict:
     from nixl._api import nixl_agent, nixl_agent_config
 
     _load_engine_kernels()
+    amx = amx_tile_state()
+    if amx == "missing":
+        to_prefill.put("done")
+        raise AmxStateMissing
     agent = nixl_agent("probe-decode", nixl_agent_config(backends=["UCX"]))
     target = torch.zeros(SIZE, dtype=torch.uint8)
     agent.register_memory(target)
@@ -68,7 +99,12 @@ def _decode_side(from_prefill, to_prefill) -> dict:
     expected = torch.arange(SIZE, dtype=torch.uint8)
     if not torch.equal(target, expected):
         raise RuntimeError("NIXL transfer completed but the bytes differ")
-    return {"ok": True, "bytes": SIZE, "transfer_ms": round((time.monotonic() - started) * 1e3, 2)}
+    return {"ok": True, "bytes": SIZE, "transfer_ms": round((time.monotonic() - started) * 1e3, 2),
+            "amx_tile_state": amx}
+
+
+class AmxStateMissing(Exception):
+    pass
 
 
 def main() -> int:
@@ -80,6 +116,11 @@ def main() -> int:
     prefill.start()
     try:
         result = _decode_side(to_decode, to_prefill)
+    except AmxStateMissing:
+        print("this CPU advertises AMX (amx_tile) but the process holds no AMX tile-data "
+              "permission (arch_prctl ARCH_REQ_XCOMP_PERM): vLLM's AMX attention would die "
+              "of SIGILL in a decode engine's first step", file=sys.stderr, flush=True)
+        return AMX_STATE_MISSING
     finally:
         prefill.join(timeout=10)
         if prefill.is_alive():

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
+import sys
+from pathlib import Path
 
 from tests.realvllm import host_capability as hc
 
@@ -54,3 +58,28 @@ def test_cpu_summary_names_the_model_and_the_amx_flags():
     summary = hc.cpu_summary(INTEL_AMX)
     assert summary.startswith("Intel(R) Xeon(R) Processor; flags:")
     assert "amx_tile" in summary and "avx512_bf16" in summary and "sse2" not in summary
+
+
+def test_a_probe_without_the_amx_tile_state_is_a_host_fault():
+    verdict = hc.classify_probe(hc.AMX_STATE_MISSING, "", "this CPU advertises AMX ...")
+    assert not verdict.capable and verdict.host_fault
+    assert "ARCH_REQ_XCOMP_PERM" in verdict.reason and "SIGILL" in verdict.reason
+
+
+def _amx_state_in_a_fresh_python(with_engine_site: bool) -> str:
+    root = Path(__file__).resolve().parents[2]
+    path = [str(root)]
+    if with_engine_site:
+        path.insert(0, str(root / "tests" / "realvllm" / "engine_site"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    code = "from tests.realvllm.nixl_probe import amx_tile_state; print(amx_tile_state())"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True, timeout=60)
+    return out.stdout.strip()
+
+
+def test_engine_processes_hold_the_amx_tile_state_from_the_start():
+    # The issue-15 SIGILL: a fresh process has no AMX tile-data permission until something
+    # asks; the engines' start-up hook asks, so vLLM's AMX attention can run in any order.
+    assert _amx_state_in_a_fresh_python(with_engine_site=False) in ("not advertised", "missing")
+    assert _amx_state_in_a_fresh_python(with_engine_site=True) in ("not advertised", "granted")
