@@ -97,6 +97,16 @@ def refresh(gateway, now: float | None = None) -> dict | None:
     return kept
 
 
+def stalled_streams(health: dict | None) -> tuple[tuple[str, str], ...]:
+    """(worker id, reason) of the KV-event streams a kept answer (:func:`refresh`) lists
+    as stalled."""
+    streams = (health or {}).get("kv_streams")
+    if not isinstance(streams, dict):
+        return ()
+    return tuple(sorted((str(w)[:200], str(r)[:200]) for w, r in streams.items()
+                        if isinstance(r, str)))
+
+
 def _stalled_streams(health: dict) -> dict[str, str]:
     """worker id → stall reason, for the gateway's stalled KV-event streams."""
     streams = health.get("kv_streams")

@@ -226,9 +226,9 @@ def build_snapshot(now: datetime) -> FleetSnapshot:
         for gw in Gateway.objects.filter(cluster=cluster):
             # The routing app's push log when there is one, else the gateway's last error.
             error, failures = pushes.get(gw.pk, (gw.last_error, 1 if gw.last_error else 0))
-            pairs = ()
+            health = None
             if gw.kind == GatewayKind.PDPLANE and gw.url:
-                pairs = gateway_health.pair_facts(gateway_health.refresh(gw, ts))
+                health = gateway_health.refresh(gw, ts)
             gateways.append(
                 GatewayFacts(
                     cluster=cluster.name,
@@ -237,7 +237,8 @@ def build_snapshot(now: datetime) -> FleetSnapshot:
                     latest_version=latest.get(cluster.pk),
                     push_error=error,
                     consecutive_push_failures=failures,
-                    pd_pairs=pairs,
+                    pd_pairs=gateway_health.pair_facts(health),
+                    stalled_kv_streams=gateway_health.stalled_streams(health),
                 )
             )
     protocol, version = _expected_agent()

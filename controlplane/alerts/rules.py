@@ -173,6 +173,9 @@ class GatewayFacts:
     push_error: str = ""  # the last push's error, "" after a successful ACK
     consecutive_push_failures: int = 0
     pd_pairs: tuple[PdPairFacts, ...] = ()  # from the gateway's health answer, if read
+    # (worker id in the table, reason) of the KV-event streams the gateway found stalled:
+    # it routes those workers on its approximate index meanwhile.
+    stalled_kv_streams: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -439,6 +442,16 @@ def evaluate(
                     + (f" ({pair.last_failure})" if pair.last_failure else ""),
                     f"{pair.failures} failure(s) so far; the gateway routes around the pair "
                     "and re-probes it.",
+                )
+        if on(KV_EVENTS_STALLED):
+            for worker_id, reason in g.stalled_kv_streams:
+                emit(
+                    KV_EVENTS_STALLED,
+                    {**labels, "worker": worker_id},
+                    f"Gateway {g.gateway} finds the KV-event stream of {worker_id} stalled"
+                    + (f" ({reason})" if reason else ""),
+                    "It routes that worker on its approximate prefix index until the stream "
+                    "answers again.",
                 )
         if on(GATEWAY_LAGGING) and g.latest_version is not None:
             behind = g.latest_version - g.applied_version

@@ -114,3 +114,20 @@ def test_engine_card_shows_a_stalled_kv_stream():
 
     assert "KV events stalled" in card({"stalled": True, "last_seq": 3})
     assert "KV events stalled" not in card({"stalled": False})
+
+
+def test_gateway_side_kv_stall_is_fetched_kept_and_alerts(monkeypatch):
+    raw = {"pd_pairs": [], "kv_streams": {
+        "w1": {"stalled": True, "stall_reason": "no events after work was sent"},
+        "w2": {"stalled": False, "stall_reason": ""},
+        "w3": "junk"}}
+    monkeypatch.setattr(gateway_health, "fetch", lambda url, secret, timeout_s=2.0: raw)
+    kept = gateway_health.refresh(SimpleNamespace(pk=987655, url="http://gw", secret="s"),
+                                  now=5.0)
+    stalled = gateway_health.stalled_streams(kept)
+    assert stalled == (("w1", "no events after work was sent"),)
+    result = evaluate(FleetSnapshot(now=1, gateways=(
+        GatewayFacts("c1", "gw1", 1, 1, stalled_kv_streams=stalled),)))
+    assert names(result) == ["KvEventsStalled"]
+    assert result.observations[0].labels == {"cluster": "c1", "gateway": "gw1", "worker": "w1"}
+    assert "gw1" in result.observations[0].annotations["summary"]
