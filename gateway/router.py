@@ -1,24 +1,37 @@
 """Choosing workers: KV-aware cost for aggregated serving, decode-first for P/D. Pure.
 
-Cost of sending a request to worker *w* (Dynamo's KV router, current form)::
+Cost of sending a request to worker *w*, in KV blocks (a block of prefill ≈ a unit of
+engine time)::
 
-    prefill_term = load_weight × (queued_blocks(w) + request_blocks
-                                  − min(overlap_weight × cached_blocks(w), request_blocks))
-    decode_term  = decode_blocks(w)
+    uncached(w)  = request_blocks − min(overlap_weight × cached_blocks(w), request_blocks)
+    prefill_term = load_weight × (queued_blocks(w) + uncached(w))
+    decode_term  = in_flight(w) × max(uncached(w), mean_kv_per_request)
     cost(w)      = prefill_term + decode_term
 
-One deliberate difference from Dynamo: this request's share of ``decode_blocks`` counts only
-the blocks it adds to the worker's KV (prompt blocks not already cached there, since prefix
-caching shares them, plus its output), so a worker holding the prefix is cheaper on both
-terms. ``cost_of(kv_reuse=False)`` is Dynamo's exact form (unit-tested on its worked example).
+The prefill term is Dynamo's (the request's own wait for its first token: prefill queued
+ahead of it plus its own uncached part). The decode term is the **stall** its prefill
+brings to the worker's decodes: an engine runs prefill chunks in the same steps as every
+running decode (chunked prefill), so each of the ``in_flight(w)`` requests there loses
+about the request's prefill time once — an ITL spike that SLOs count per request. Each
+request in flight is charged at least the fleet's mean KV per request in flight
+(``mean_kv_per_request``; the request's own blocks when nothing is in flight): without
+that floor a short prompt would cost nearly the same anywhere and short prompts would pile
+onto a few crowded workers while long ones take the rest, so workers would serve very
+unequal numbers of requests. With the floor, a cache hit lowers the request's own wait but
+never makes a crowded worker look free (the decode term still counts its requests), and
+the term scales with the fleet's own pressure rather than a fixed threshold.
 
-where ``queued_blocks`` = blocks the worker is still prefilling for other requests,
-``cached_blocks`` = this prompt's blocks the worker already holds (the credit offsets only
-this prompt's own blocks, never work queued ahead of it: a cached prefix cannot make an
-overloaded worker look idle; with ``overlap_weight`` ≤ 1 this is Dynamo's form), and
-``decode_blocks`` = KV blocks of the worker's running requests + this request's. Lowest
-cost wins; ties go to fewer in-flight requests, then to a random pick. With temperature
-T > 0 the pick samples softmax(−normalised cost / T).
+Dynamo's decode term (KV blocks of the worker's running requests + this request's) is
+where the request's KV arrives by transfer and stalls nothing (the decode stage of P/D),
+and ``cost_of`` without ``stall_floor`` (unit-tested on Dynamo's worked example). The
+stall form replaced it for aggregated serving because balancing *blocks* puts many short
+requests beside few long ones, and on a chunked-prefill engine each long prefill then
+stalls many decodes (bench/router_quality.py: docs/benchmarks.md, issue 18).
+``queued_blocks`` = blocks the worker is still prefilling for other requests; the credit
+offsets only this prompt's own blocks, never work queued ahead of it: a cached prefix
+cannot make an overloaded worker look idle. Lowest cost wins; ties go to fewer in-flight
+requests, then to a random pick. With temperature T > 0 the pick samples
+softmax(−normalised cost / T).
 
 Prefix affinity comes first (SGLang's and vllm-router's ``cache_aware`` rule), bounded by
 load: the request follows the longest cached prefix covering at least ``prefix_min_match``
@@ -28,15 +41,16 @@ requests and queued prefill at most ``affinity_load_factor`` (1.5) × the candid
 lowest cost. Means scale with the number of workers and with their pressure, where the
 older fleet-wide guard (max − min in-flight > ``imbalance_abs`` AND max > ``imbalance_rel``
 × min; 64 and 1.5, still applied) almost never fires at 8+ workers under overload. A long
-match saves a whole prefill, which the cost above prices at most twice its blocks, while a
-few requests' worth of in-flight KV difference outweighs that and would send the prefix
-elsewhere, to be computed again. Short or no matches, and overloaded holders, go by the
+match saves a whole prefill, which the cost above credits once (its prefill term), while
+one or two more requests in flight outweigh that and would send the prefix elsewhere, to
+be computed again. Short or no matches, and overloaded holders, go by the
 cost.
 
 Among workers whose cost is within ``cache_balance_band`` (0.1 = 10 %) of the cheapest,
-the one that took the least new KV lately wins (vllm-router's "smallest tree" idea, within
-a load bound): engines evict least-recently-used blocks, so even inflow gives every cache
-the same length of history, and a prefix reused a while later is likelier to be found.
+the one with the fewest requests in flight wins, then the one that took the least new KV
+lately (vllm-router's "smallest tree" idea, within a load bound): engines evict
+least-recently-used blocks, so even inflow gives every cache the same length of history,
+and a prefix reused a while later is likelier to be found.
 
 P/D (modes ``conditional`` and ``disaggregated``), in the spirit of llm-d: pick the decode
 worker first; in ``conditional`` mode, if the prompt's part not cached on that worker is at
@@ -115,15 +129,25 @@ def cost_of(
     load_weight: float,
     use_cache: bool = True,
     kv_reuse: bool = False,
+    stall_floor: float | None = None,
 ) -> Scored:
     """Dynamo's cost. With ``kv_reuse`` the decode term counts only the KV blocks the
-    request adds: with prefix caching its cached blocks are shared, not copied."""
+    request adds: with prefix caching its cached blocks are shared, not copied.
+
+    With ``stall_floor`` (blocks; the gateway passes the mean KV of a request in flight)
+    the decode term is instead the *stall* this request's prefill brings to the decodes on
+    the worker: ``in_flight × max(uncached blocks, stall_floor)`` (see the module doc)."""
     # The credit offsets this request's own prompt blocks only, never the work queued ahead
     # of it: a cached prefix cannot make an overloaded worker look idle.
     credit = min(overlap_weight * cached_blocks, request_blocks) if use_cache else 0.0
-    prefill = load_weight * (max(load.prefill_blocks, 0.0) + request_blocks - credit)
-    added = request_blocks - (min(cached_blocks, request_blocks) if kv_reuse and use_cache else 0)
-    decode = load.decode_blocks + added
+    uncached = request_blocks - credit
+    prefill = load_weight * (max(load.prefill_blocks, 0.0) + uncached)
+    if stall_floor is not None:
+        decode = max(load.in_flight, 0) * max(uncached, stall_floor)
+    else:
+        added = request_blocks - (min(cached_blocks, request_blocks)
+                                  if kv_reuse and use_cache else 0)
+        decode = load.decode_blocks + added
     return Scored(worker_id, prefill + decode, prefill, decode, cached_blocks)
 
 
@@ -327,12 +351,25 @@ def plan_request(
         return pick(scores, model.temperature, rng, loads, inflow,
                     model.cache_balance_band), False
 
-    def score(workers, use_cache=True) -> list[Scored]:
+    # The mean KV a request in flight holds, fleet-wide: the least stall a prefill is
+    # charged per request it runs beside (the cost's decode term, module doc).
+    in_flight = kv_in_flight = 0.0
+    for w in active:
+        load = loads.get(w.id)
+        if load is not None:
+            in_flight += load.in_flight
+            kv_in_flight += load.decode_blocks
+    stall_floor = kv_in_flight / in_flight if in_flight > 0 else float(request_blocks)
+
+    def score(workers, use_cache=True, prefills_here=True) -> list[Scored]:
+        """``prefills_here``: the worker computes the prompt itself (else the decode term
+        is Dynamo's KV load: the KV arrives by transfer and stalls nothing)."""
+        floor = stall_floor if prefills_here else None
         return [
             cost_of(
                 w.id, loads.get(w.id, WorkerLoad()), request_blocks, cached_blocks(w),
                 overlap_weight=model.kv_overlap_weight, load_weight=model.load_weight,
-                use_cache=use_cache, kv_reuse=True,
+                use_cache=use_cache, kv_reuse=True, stall_floor=floor,
             )
             for w in workers
         ]
@@ -354,7 +391,7 @@ def plan_request(
     # P/D: decode first. In conditional mode the decode worker may prefill locally, so its
     # cached prefix counts; in disaggregated mode the decode stage ignores cache credit.
     conditional = model.mode == "conditional"
-    decode_scores = score(decoders, use_cache=conditional)
+    decode_scores = score(decoders, use_cache=conditional, prefills_here=conditional)
     if conditional:
         decode, _ = choose(decode_scores)
         if prompt_tokens - min(cached_tokens.get(decode.worker_id, 0), prompt_tokens) > (
@@ -363,7 +400,7 @@ def plan_request(
             # It will be prefilled remotely anyway: the decode worker's cache would save
             # only part of a transfer, and following it piles long decodes onto the
             # prefix's holder. Pick the decode worker as in disaggregated mode.
-            decode_scores = score(decoders, use_cache=False)
+            decode_scores = score(decoders, use_cache=False, prefills_here=False)
             decode = pick(decode_scores, model.temperature, rng, loads)
     else:
         decode = pick(decode_scores, model.temperature, rng, loads)

@@ -4,6 +4,8 @@ import random
 from collections import Counter
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.router import (
     NoWorkerError,
@@ -47,12 +49,16 @@ def test_dynamo_worked_example_picks_w2():
     assert (scores["W2"].prefill_term, scores["W2"].decode_term, scores["W2"].cost) == (5, 5, 10)
     assert (scores["W3"].prefill_term, scores["W3"].decode_term, scores["W3"].cost) == (2, 9, 11)
     assert pick(list(scores.values()), 0.0, random.Random(0)).worker_id == "W2"
-    # Same through the whole planner, with prefix affinity off (a match ratio above 1 never
-    # qualifies), so the cost alone decides.
+    # The planner prices decode load as the stall the prompt's prefill brings to the
+    # requests in flight there (each at least the fleet's mean KV per request, 12/7 here):
+    # W1 8 + 3×4 = 20, W2 5 + 1×2 = 7, W3 2 + 3×2 = 8. Prefix affinity off (a match ratio
+    # above 1 never qualifies), so the cost alone decides.
+    loads = {"W1": WorkerLoad(4, 6, 3), "W2": WorkerLoad(3, 1, 1), "W3": WorkerLoad(0, 5, 3)}
     model = model_of([w("W1"), w("W2"), w("W3")], prefix_min_match=1.1)
     plan = plan_request(model, 4 * BS, {k: v * BS for k, v in cached.items()}, loads,
                         random.Random(0))
     assert plan.decode == "W2" and plan.prefill is None and plan.reason == "kv_aware"
+    assert {s.worker_id: s.cost for s in plan.scores} == {"W1": 20, "W2": 7, "W3": 8}
     # With the default affinity W2 and W3 both hold half the prompt: the cheaper one wins.
     plan = plan_request(model_of([w("W1"), w("W2"), w("W3")]), 4 * BS,
                         {k: v * BS for k, v in cached.items()}, loads, random.Random(0))
@@ -183,8 +189,10 @@ def test_load_spreads_requests_without_cache():
     loads = {}
     for _ in range(30):
         plan = plan_request(model, 160, {}, loads, random.Random(0))
-        loads.setdefault(plan.decode, WorkerLoad()).decode_blocks += 10
-    assert sorted(v.decode_blocks for v in loads.values()) == [100, 100, 100]
+        load = loads.setdefault(plan.decode, WorkerLoad())
+        load.decode_blocks += 10
+        load.in_flight += 1
+    assert sorted(v.in_flight for v in loads.values()) == [10, 10, 10]
 
 
 def test_long_prefix_match_wins_over_in_flight_load_difference():
@@ -243,8 +251,9 @@ def test_optional_routing_fields_are_validated():
 
 
 def test_near_ties_go_to_the_worker_that_took_the_least_new_kv():
-    # A is cheapest by 5 %, B took far less new KV lately: within the 10 % band B wins.
-    loads = {"A": WorkerLoad(0, 100, 2), "B": WorkerLoad(0, 105, 2), "C": WorkerLoad(0, 300, 5)}
+    # A is cheapest by 4 % (B has 5 blocks queued), B took far less new KV lately: within the
+    # 10 % band B wins.
+    loads = {"A": WorkerLoad(0, 100, 2), "B": WorkerLoad(5, 105, 2), "C": WorkerLoad(0, 300, 5)}
     inflow = {"A": 900.0, "B": 100.0, "C": 0.0}
     model = model_of([w("A"), w("B"), w("C")])
     plan = plan_request(model, 10 * BS, {}, loads, random.Random(0), inflow=inflow)
@@ -306,9 +315,13 @@ def test_kv_pressure_bounds_affinity():
         entry["capacity"]["kv_tokens"] = 100 * BS
     model = parse(table).models["m"]
     full = {"A": WorkerLoad(0, 10, 2), "B": WorkerLoad(0, 95, 2)}  # B: 95 % of its KV
-    assert plan_request(model, 10 * BS, {"B": 9 * BS}, full, random.Random(0)).decode == "A"
+    # Not followed for its prefix (the cost then decides: its queue is no longer, so the
+    # cache credit still counts there).
+    assert plan_request(model, 10 * BS, {"B": 9 * BS}, full, random.Random(0)).reason == (
+        "kv_aware")
     roomy = {"A": WorkerLoad(0, 10, 2), "B": WorkerLoad(0, 60, 2)}
-    assert plan_request(model, 10 * BS, {"B": 9 * BS}, roomy, random.Random(0)).decode == "B"
+    plan = plan_request(model, 10 * BS, {"B": 9 * BS}, roomy, random.Random(0))
+    assert plan.decode == "B" and plan.reason == "kv_prefix"
 
 
 def test_cache_credit_never_offsets_queued_work():
@@ -331,12 +344,60 @@ def test_conditional_decode_ignores_a_prefix_it_would_not_prefill_locally():
 
 
 def test_near_ties_go_first_to_the_worker_with_fewer_requests_in_flight():
-    # A is cheapest by 5 % but runs 6 requests, B 2: within the 10 % band B wins, before
+    # Mean KV per request in flight 41 blocks: A costs 10 + 3×41 = 133, B (50 blocks queued)
+    # 60 + 2×41 = 142, 7 % more; B runs fewer requests: within the 10 % band B wins, before
     # the inflow rule (A took less new KV lately) is consulted.
-    loads = {"A": WorkerLoad(0, 100, 6), "B": WorkerLoad(0, 105, 2)}
+    loads = {"A": WorkerLoad(0, 100, 3), "B": WorkerLoad(50, 105, 2)}
     inflow = {"A": 0.0, "B": 900.0}
     model = model_of([w("A"), w("B")])
     assert plan_request(model, 10 * BS, {}, loads, random.Random(0), inflow=inflow).decode == "B"
-    # Outside the band the cost decides.
-    far = {"A": WorkerLoad(0, 100, 6), "B": WorkerLoad(0, 130, 2)}
+    # Outside the band (B 80 blocks queued: 172, 29 % more) the cost decides.
+    far = {"A": WorkerLoad(0, 100, 3), "B": WorkerLoad(80, 105, 2)}
     assert plan_request(model, 10 * BS, {}, far, random.Random(0), inflow=inflow).decode == "A"
+
+
+def test_a_long_prompt_goes_where_its_prefill_stalls_fewest_decodes():
+    # A has nothing queued but 6 short requests decoding; B has 20 blocks queued and 1 long
+    # request. A 100-block prompt on A would stall 6 decodes for its whole prefill
+    # (100 + 6×100 = 700), on B one (120 + 100 = 220): B, although Dynamo's cost, which
+    # balances KV blocks, prefers A (212 vs 370).
+    loads = {"A": WorkerLoad(0, 12, 6), "B": WorkerLoad(20, 150, 1)}
+    plan = plan_request(model_of([w("A"), w("B")]), 100 * BS, {}, loads, random.Random(0))
+    assert plan.decode == "B" and plan.reason == "kv_aware"
+    dynamo = {wid: cost_of(wid, load, 100, 0, overlap_weight=1.0, load_weight=1.0).cost
+              for wid, load in loads.items()}
+    assert dynamo["A"] < dynamo["B"]
+
+
+def test_a_cache_hit_never_makes_a_crowded_worker_look_free():
+    # A holds the whole prompt but runs 10 requests; B runs 1. With affinity off, the cost:
+    # A's credit removes its own prefill, yet each request in flight still counts at least
+    # the mean KV per request (B wins); with affinity on, the load bound stops it too.
+    loads = {"A": WorkerLoad(0, 200, 10), "B": WorkerLoad(0, 20, 1)}
+    cached = {"A": 10 * BS}
+    off = model_of([w("A"), w("B")], prefix_min_match=1.1)
+    assert plan_request(off, 10 * BS, cached, loads, random.Random(0)).decode == "B"
+    plan = plan_request(model_of([w("A"), w("B")]), 10 * BS, cached, loads, random.Random(0))
+    assert plan.decode == "B" and plan.reason == "kv_aware"
+    # Equally loaded, the holder wins by the cost.
+    even = {"A": WorkerLoad(0, 20, 1), "B": WorkerLoad(0, 20, 1)}
+    assert plan_request(off, 10 * BS, cached, even, random.Random(0)).decode == "A"
+
+
+@settings(max_examples=200, deadline=None)
+@given(queued=st.integers(0, 500), in_flight=st.integers(0, 50), kv=st.integers(0, 5000),
+       blocks=st.integers(1, 400), cached=st.integers(0, 400), floor=st.floats(0, 500),
+       more=st.integers(1, 20))
+def test_stall_cost_grows_with_load_and_falls_with_cache(queued, in_flight, kv, blocks, cached,
+                                                         floor, more):
+    def cost(q, n, c):
+        return cost_of("w", WorkerLoad(q, kv, n), blocks, c, overlap_weight=1.0,
+                       load_weight=1.0, kv_reuse=True, stall_floor=floor)
+
+    base = cost(queued, in_flight, cached)
+    assert base.cost >= 0 and base.prefill_term >= queued
+    assert cost(queued, in_flight + more, cached).cost >= base.cost  # more decodes to stall
+    assert cost(queued + more, in_flight, cached).cost > base.cost  # more queued ahead
+    assert cost(queued, in_flight, cached + more).cost <= base.cost  # more of it cached
+    # The credit never offsets work queued ahead, nor the floor per request in flight.
+    assert base.cost >= queued + in_flight * floor - 1e-6
