@@ -15,11 +15,11 @@ the Mooncake and both Azure 2023 traces of ../shared/data/traces/ at full prompt
 - baselines (``bench/routing_baselines.py``): ``round-robin``, ``least-loaded`` and
   ``dynamo-cost`` (Dynamo's KV cost with the engines' true cache contents).
 
-Load: 1× offers each engine about 40 % of its nominal prefill capacity (the simulator's
-own step time for an 8,192-token prefill chunk) in prompt tokens, before any cache hit; the
-trace's arrival times are compressed accordingly (scaled with the fleet size), so 2× and 4×
-overload a fleet that does not reuse prefixes. Every cell replays the first ``--requests``
-requests of the trace (the same requests for every router).
+Load: 1× offers each engine 25 % (``NOMINAL_SHARE``) of its nominal prefill capacity (the
+simulator's own step time for an 8,192-token prefill chunk) in prompt tokens, before any
+cache hit; the trace's arrival times are compressed accordingly (scaled with the fleet
+size), so 2× and 4× overload a fleet that does not reuse prefixes. Every cell replays the
+first ``--requests`` requests of the trace (the same requests for every router).
 
 SLOs from ../shared/data/scenarios.json: Mooncake (mean prompt 15k tokens) is judged by
 ``long-context-32k``, Azure conversation by ``chat-low-concurrency``, Azure code by
