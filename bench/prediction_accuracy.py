@@ -55,6 +55,7 @@ import itertools
 import json
 import math
 import multiprocessing
+import random
 import statistics
 import sys
 import time
@@ -412,6 +413,9 @@ def main() -> None:
     loads = (1.0, 2.0) if args.quick else LOADS
     n = args.requests or (60 if args.quick else 400)
     jobs = [(c, w, load, p, n) for c, w in pairs for load in loads for p in splits(CLUSTERS[c])]
+    # A fixed shuffle: a run stopped early (its --json is rewritten after every cell) holds
+    # a uniform sample of the grid, the same one for every model version.
+    random.Random(16).shuffle(jobs)
     started = time.perf_counter()
     cells = []
     with multiprocessing.Pool(args.jobs) as pool:
@@ -421,13 +425,20 @@ def main() -> None:
                   f"TTFT p95 sim {cell['sim']['ttft_p95_s']} pred {cell['pred']['ttft_p95_s']}; "
                   f"share sim {cell['sim']['share']:.2f} pred {cell['pred']['share']:.2f} "
                   f"[{cell['wall_s']:.1f} s]", file=sys.stderr, flush=True)
+            if args.json:  # an interrupted run keeps what it measured (summary on those)
+                write(args.json, cells, {**summarise(cells), "partial": len(jobs) - len(cells)})
     cells.sort(key=lambda c: (c["cluster"], c["workload"], c["load"], c["n_prefill"]))
     summary = summarise(cells)
     summary["wall_s"] = round(time.perf_counter() - started, 1)
     print(json.dumps({k: v for k, v in summary.items() if k != "rank_corr"}, indent=1))
     if args.json:
-        Path(args.json).write_text(json.dumps({"summary": summary, "cells": cells}, indent=1,
-                                              default=str))
+        write(args.json, cells, summary)
+
+
+def write(path: str, cells: list[dict], summary: dict) -> None:
+    tmp = Path(path + ".tmp")
+    tmp.write_text(json.dumps({"summary": summary, "cells": cells}, indent=1, default=str))
+    tmp.replace(path)
 
 
 if __name__ == "__main__":
