@@ -43,7 +43,8 @@ says overloaded). Hence:
   cells: where the online calibration's EWMA would settle in steady state.
 
 The model gets the run's measured workload statistics: rate, prompt-length mean and p95,
-the p95 of uncached prompt tokens, answer mean, prefix hit rate, and for the traces the
+the p95 of uncached prompt tokens, answer mean, prefix hit rate, the share of requests the
+gateway's router placed by prefix affinity (its decisions by reason), and for the traces the
 arrivals' burstiness (squared coefficient of variation of the gaps; the scenario workloads
 are generated Poisson: 1).
 """
@@ -137,6 +138,8 @@ def simulate(cluster: dict, wl, slo: dict, n_prefill: int, trace: bool = False) 
     engines = sim_engines(cluster, static_roles(cluster, n_prefill))
     fleet = VirtualFleet(engines, sim_links(cluster))
     result = fleet.run(wl)
+    decisions = getattr(fleet.router, "decisions", {}) or {}
+    routed = sum(decisions.values())
     arrivals = sorted(r.arrival for r in wl.requests)
     t0 = arrivals[int(len(arrivals) * WARMUP_SHARE)] if arrivals else 0.0
     late = [r for r in result.results if r.arrival >= t0]
@@ -171,6 +174,8 @@ def simulate(cluster: dict, wl, slo: dict, n_prefill: int, trace: bool = False) 
         "requests": len(late),
         # Burstiness of the arrivals: squared coefficient of variation of their gaps.
         "arrival_cv2": cv2,
+        # Share of requests the gateway's router placed by prefix affinity ("kv_prefix").
+        "affinity_share": decisions.get("kv_prefix", 0) / routed if routed else 0.0,
         "ttft_growth_s": growth,
         "ttft_growth_rate": growth_rate,
     }
@@ -260,7 +265,8 @@ def predict_cell(cluster: dict, slo: dict, stats: dict, n_prefill: int) -> dict:
     # lacks a field simply does not get it: the benchmark also scores older versions).
     known = {f.name for f in fields(workload)}
     extra = {"arrival_cv2": stats.get("arrival_cv2", 1.0),
-             "uncached_p95": stats.get("uncached_p95")}
+             "uncached_p95": stats.get("uncached_p95"),
+             "affinity_share": stats.get("affinity_share")}
     workload = replace(workload, **{k: v for k, v in extra.items() if k in known})
     p = predict(inp, n_prefill, workload, Topology(workers, links))
     return {"ttft_p95_s": None if math.isinf(p.ttft_p95_s) else p.ttft_p95_s,

@@ -355,6 +355,9 @@ class Workload:
     # request (a prompt finds its prefix cached or not), so the tail prompt is often a miss
     # computed in full; without it every prompt is taken to hit the mean share.
     uncached_p95: float | None = None
+    # Share of requests the gateway placed by prefix affinity (its routing decisions by
+    # reason, "kv_prefix"); None: the upper bound from the hit rate (see affinity_share).
+    affinity_share: float | None = None
 
     @property
     def uncached_mean(self) -> float:

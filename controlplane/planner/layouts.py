@@ -243,7 +243,9 @@ def _dispatch_wait(w: Workload, mean_s: float, workers: int, cv2: float,
     i.e. a queue of its own at the per-worker rate (M/G/1 at rate ÷ c)."""
     pooled = mgc_wait(w.rate_rps, mean_s, workers, cv2, w.arrival_cv2)
     over_pooled = _wait_cdf_inv(pooled.p_wait, pooled.mean_s)
-    a = affinity_share(w.prefix_hit, params) if workers > 1 else 0.0
+    a = w.affinity_share if w.affinity_share is not None else affinity_share(w.prefix_hit,
+                                                                               params)
+    a = _clamp(a, 0.0, 1.0) if workers > 1 and params.prefix_min_match > 0 else 0.0
     if a <= 0:
         return over_pooled, pooled.p95_s, pooled.p95_s
     alone = mgc_wait(w.rate_rps / workers, mean_s, 1, cv2, w.arrival_cv2)

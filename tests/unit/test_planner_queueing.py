@@ -60,6 +60,18 @@ def test_prefix_affinity_queues_per_worker_so_ttft_tail_grows():
     assert routed.attainment <= pooled.attainment + 1e-9
 
 
+def test_a_measured_affinity_share_replaces_the_bound():
+    # Long shared prefixes below the router's 30 % match threshold are never followed: the
+    # measured share (0) keeps the pooled queue; the bound from the hit rate would not.
+    w = replace(RAG, prefix_hit=0.2)
+    none = predict_aggregated(L70_FP8, H200, 8, replace(w, affinity_share=0.0))
+    pooled = predict_aggregated(L70_FP8, H200, 8, w, CostParams(prefix_min_match=0.0))
+    bound = predict_aggregated(L70_FP8, H200, 8, w)
+    assert none.ttft_p95_s == pooled.ttft_p95_s < bound.ttft_p95_s
+    half = predict_aggregated(L70_FP8, H200, 8, replace(w, affinity_share=0.5))
+    assert none.ttft_p95_s <= half.ttft_p95_s <= bound.ttft_p95_s
+
+
 def test_no_prefix_hit_means_no_affinity_term():
     w = replace(RAG, prefix_hit=0.0)
     a = predict_aggregated(L70_FP8, H200, 8, w)
