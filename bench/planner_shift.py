@@ -42,6 +42,7 @@ import multiprocessing
 import random
 import sys
 import time
+import zlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -101,6 +102,13 @@ def _poisson(rng, t0, dur, rate):
     return out
 
 
+def _seed(*parts) -> int:
+    """A seed from the parts, the same in every process: ``hash()`` of a string is salted
+    per process, so the planner's run and each static layout's (pool workers) would see
+    different prefix groups and different requests."""
+    return zlib.crc32(repr(parts).encode())
+
+
 DEMO_SCALE = {"value": 1.0}  # --demo-scale: multiplies the demo's chat and RAG rates
 
 
@@ -126,8 +134,8 @@ def build_workload(cluster: dict, name: str, phase_s: float, cycles: int):
                 for i, at in enumerate(_poisson(rng, t, phase_s, rate)):
                     reqs.append(dict(arrival=at, input_length=spec["isl"],
                                      output_length=spec["osl"], shared_prefix_len=shared,
-                                     prefix_seed=hash((pname, rng.randrange(8))) & 0xFFFFFFFF,
-                                     seed=hash((name, c, pname, i)) & 0xFFFFFFFF))
+                                     prefix_seed=_seed(pname, rng.randrange(8)),
+                                     seed=_seed(name, c, pname, i)))
                 phases.append((f"{pname}{c + 1}", t, t + phase_s))
                 t += phase_s
     else:
@@ -256,6 +264,8 @@ class ProductLoop:
             "from_p": layout_state(workers).prefill, "worse": worse,
             "factors": (round(cal.ttft_factor, 3), round(cal.itl_factor, 3), bucket),
             "alert": d.record.alert if d.record else "",
+            "measured_ms": (round(ttft_ms) if ttft_ms else None, round(itl_ms) if itl_ms else None),
+            "load": (round(sm.rate_rps, 2), round(sm.isl_mean), round(sm.osl_mean)),
         })
         out = []
         for c in d.changes:

@@ -167,6 +167,8 @@ def _verdict(d, obs, gv, sv, ch) -> str:
                    if tgt and cur else "")
             if d.reason == "roll-back":
                 why = f"roll back: the load moved {gv.load_shift:.0%} since the move; " + why
+            elif gv is not None and gv.detail:
+                why += f"; {gv.detail}"
         out = f"→ move toward {tgt.layout if tgt else '?'} ({why}): {moves}."
         if sv is not None and sv.overload:
             out += " " + explain_overload(sv.overload, sv.overload.get("share", 0.0))

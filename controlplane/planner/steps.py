@@ -359,6 +359,17 @@ def gate(inp: ModelInput, obs: Observation, cv: CandidateVerdict, ch: ChoiceVerd
     moved = shift > margin
     base.update(load_shift=shift, dwell_s=settings.dwell_s)
 
+    # The hysteresis keeps a layout from chasing prediction noise. It has nothing to protect
+    # when the layout as it is measures a p95 at least the overload factor over its target:
+    # the prediction that it is nearly as good as the choice is contradicted by what it
+    # does, so any predicted gain may move (RTX demo, chat after RAG: 5P:3D measured a
+    # token-gap p95 of 110 ms against 50 and was held "within the hysteresis" of aggregated
+    # for a whole phase at a third of aggregated's goodput). The dwell rule and the margin
+    # for turning back are unchanged: they guard against flaps, not noise.
+    breach = _measured_breach(inp, settings)
+    if breach:
+        h = 0.0
+        base.update(hysteresis=0.0)
     # What a move must pay for: the better of holding and the clean layout at the current
     # prefill count. Mid-move the layout as it is has 'both' workers beside the split; the
     # clean one is reached by relabels alone (both ↔ decode: no drain, no cooldown spent on
@@ -419,7 +430,24 @@ def gate(inp: ModelInput, obs: Observation, cv: CandidateVerdict, ch: ChoiceVerd
                            **base), target
     return GateVerdict("go", "roll-back" if verdict == "roll-back" else "better-layout",
                        gain_now=g_now, gain_plan=g_plan, target_score=t_score,
-                       move_verdict=verdict, **base), target
+                       move_verdict=verdict, detail=breach, **base), target
+
+
+def _measured_breach(inp: ModelInput, settings: PlannerSettings) -> str:
+    """'' unless a measured p95 (TTFT or ITL) is at least ``overload_latency_factor`` × its
+    target; then what was measured, for the record."""
+    k = settings.overload_latency_factor
+    if k <= 0:
+        return ""
+    load, pol = inp.load, inp.policy
+    for metric, measured, target in (("TTFT", load.measured_ttft_p95_ms, pol.ttft_p95_ms),
+                                     ("ITL", load.measured_itl_p95_ms, pol.itl_p95_ms)):
+        if (measured is not None and math.isfinite(measured) and target and target > 0
+                and measured >= k * target):
+            return (f"the layout as it is measures {metric} p95 {measured:,.0f} ms against "
+                    f"{target:,.0f} ms ({measured / target:.1f}×), so the hysteresis does "
+                    "not hold it")
+    return ""
 
 
 def _origin(mem: MoveMemory | None) -> int:

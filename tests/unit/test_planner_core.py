@@ -187,6 +187,28 @@ def test_hysteresis_keeps_a_layout_that_is_nearly_as_good():
     assert d.action == "keep"
 
 
+def test_a_measured_breach_lifts_the_hysteresis_but_not_the_score_rule():
+    """A layout predicted within the hysteresis of the best is kept, unless it measures a
+    p95 at least the overload factor over target: then the prediction that it is nearly as
+    good is contradicted, and the predicted gain moves (and the record says why)."""
+    workers, links = fleet(4, 8, group=4)
+    load = LoadInput(30, 30, 4000, None, 300, 0.3, inflight=50)
+    kept = plan_model(model_input(workers, links, load, ttft_p95_ms=2500, itl_p95_ms=50), 0)
+    assert kept.reason == "within-hysteresis" and kept.record.gate.hysteresis == 0.1
+    late = LoadInput(30, 30, 4000, None, 300, 0.3, inflight=50, measured_itl_p95_ms=120)
+    d = plan_model(model_input(workers, links, late, ttft_p95_ms=2500, itl_p95_ms=50), 0)
+    assert d.action == "change" and d.reason == "better-layout"
+    assert d.target.layout == kept.target.layout
+    gv = d.record.gate
+    assert gv.hysteresis == 0.0 and "ITL p95 120 ms against 50 ms" in gv.detail
+    assert gv.target_score >= gv.hold_score
+    assert "does not hold it" in d.explanation
+    # 1.4x is within what a windowed p95 and calibration explain: the hysteresis holds.
+    near = LoadInput(30, 30, 4000, None, 300, 0.3, inflight=50, measured_itl_p95_ms=70)
+    d3 = plan_model(model_input(workers, links, near, ttft_p95_ms=2500, itl_p95_ms=50), 0)
+    assert d3.reason == "within-hysteresis"
+
+
 def test_at_most_n_prefill_moves_per_cycle_and_cooldown():
     workers, links = fleet(4, 8, group=4)
     load = LoadInput(40, 40, 4000, None, 300, 0.3, inflight=200)
