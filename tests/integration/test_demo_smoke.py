@@ -6,6 +6,7 @@ a temporary var dir), on free ports, with a short traffic schedule. Bounded to ~
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -157,89 +158,136 @@ print(json.dumps({
 def test_rag_load_makes_the_planner_split_and_the_gateway_follow(tmp_path):
     """Load shifts from chat to long-prompt RAG: the planner (auto mode in the demo) proposes
     a split, drains the workers it moves, switches them and the gateway's table follows.
-    Bounded to ~5 minutes: the planner needs a few minutes of RAG load to see it."""
+    Bounded to ~5 minutes: the planner needs a few minutes of RAG load to see it. Meanwhile
+    an operator's Chromium watches the demo's plans page (live), so the move is seen while
+    its workers drain, and its decision view is checked once it is applied."""
     proc, env, _gateway, web = _start_demo(tmp_path, "chat=20,rag=900")
     state: dict = {}
-    try:
-        deadline = time.monotonic() + 330
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                pytest.fail(f"launcher exited early:\n{proc.stdout.read()}")
-            if (tmp_path / "demo" / "traffic.json").exists():
-                result = run_python("manage.py", "shell", "-c", PLAN_SCRIPT, env=env, timeout=60)
-                if result.returncode == 0:
-                    state = json.loads(result.stdout.strip().splitlines()[-1])
-                    if any(p["status"] == "applied" for p in state["plans"]):
-                        break
-            time.sleep(5)
-        applied = [p for p in state.get("plans", []) if p["status"] == "applied"]
-        assert applied, state
-        plan = applied[0]
-        assert plan["drain_started"] and plan["diff"], plan  # workers drained, then switched
-        assert all(change["done"] for change in plan["diff"]), plan
-        assert any(c["to_role"] == "prefill" for c in plan["diff"]), plan
-        assert "→" in plan["explanation"], plan
-        # The gateway applied the tables published for the drain and for the new roles.
-        assert state["gateway_version"] >= 3, state
-        # The operator's view of the same move, while the demo still runs.
-        _check_decision_view(f"http://127.0.0.1:{web}", tmp_path, plan)
-    finally:
-        _stop_demo(proc)
+    with contextlib.ExitStack() as stack:
+        try:
+            watcher = None
+            deadline = time.monotonic() + 330
+            while time.monotonic() < deadline:
+                if proc.poll() is not None:
+                    pytest.fail(f"launcher exited early:\n{proc.stdout.read()}")
+                if (tmp_path / "demo" / "traffic.json").exists():
+                    if watcher is None:
+                        watcher = stack.enter_context(_Operator(f"http://127.0.0.1:{web}",
+                                                                tmp_path))
+                    result = run_python("manage.py", "shell", "-c", PLAN_SCRIPT, env=env,
+                                        timeout=60)
+                    if result.returncode == 0:
+                        state = json.loads(result.stdout.strip().splitlines()[-1])
+                        if any(p["status"] == "applied" for p in state["plans"]):
+                            break
+                if watcher is not None:
+                    watcher.watch_for(5.0)
+                else:
+                    time.sleep(5)
+            applied = [p for p in state.get("plans", []) if p["status"] == "applied"]
+            assert applied, state
+            plan = applied[0]
+            assert plan["drain_started"] and plan["diff"], plan  # workers drained, then switched
+            assert all(change["done"] for change in plan["diff"]), plan
+            assert any(c["to_role"] == "prefill" for c in plan["diff"]), plan
+            assert "→" in plan["explanation"], plan
+            # The gateway applied the tables published for the drain and for the new roles.
+            assert state["gateway_version"] >= 3, state
+            # The operator's view of the same move, while the demo still runs.
+            assert watcher is not None
+            watcher.check_applied(plan)
+        finally:
+            _stop_demo(proc)
     _assert_no_leftovers(tmp_path)
 
 
-def _check_decision_view(base: str, var_dir: Path, plan: dict) -> None:
-    """The applied move on the decision view (the plans page filtered to its model) of the
-    demo's own web server, in headless Chromium: the verdict, the binding constraint, the
-    move's progress (every worker change done) and the applied layout; a 1440×900
-    screenshot. A few seconds: one login, one page."""
-    from tests.browser.conftest import ARTIFACTS, CHROMIUM_ARGS
+class _Operator:
+    """One headless Chromium page logged in to the demo's own web server for the whole test.
+    It keeps the plans page open (a live page), samples it while the test waits, and keeps a
+    1440×900 screenshot of the first moment a move shows workers draining; then it checks the
+    applied move's decision view: verdict, binding constraint, progress, layout, charts."""
 
-    playwright_api = pytest.importorskip("playwright.sync_api")
-    executable = shutil.which("chromium") or shutil.which("chromium-browser")
-    if not executable:
-        # The move itself was checked above; only its view in the browser was not.
-        require_system_part("browser", "chromium is not installed (the demo's move passed; "
-                            "its decision view was not opened)",
-                            "apt-get install chromium (Debian's; never `playwright install`)")
-    password = (var_dir / "admin_password").read_text().strip()
-    started = time.monotonic()
-    with playwright_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+    def __init__(self, base: str, var_dir: Path):
+        self.base, self.var_dir = base, var_dir
+        self.mid_move: str | None = None  # the progress text seen while workers drained
+
+    def __enter__(self) -> _Operator:
+        from tests.browser.conftest import ARTIFACTS, CHROMIUM_ARGS
+
+        self.artifacts = ARTIFACTS
+        self.api = pytest.importorskip("playwright.sync_api")
+        executable = shutil.which("chromium") or shutil.which("chromium-browser")
+        self.page = None
+        if not executable:
+            return self  # the move is still checked; its view is reported missing at the end
+        password = (self.var_dir / "admin_password").read_text().strip()
+        self.playwright = self.api.sync_playwright().start()
+        self.browser = self.playwright.chromium.launch(executable_path=executable,
+                                                       args=CHROMIUM_ARGS)
+        self.page = self.browser.new_page(viewport={"width": 1440, "height": 900})
+        self.page.set_default_timeout(20_000)
+        self.page.goto(f"{self.base}/accounts/login/?next=/plans/")
+        self.page.fill("input[name=username]", "admin")
+        self.page.fill("input[name=password]", password)
+        self.page.click("button[type=submit], input[type=submit]")
+        self.page.wait_for_url(f"{self.base}/plans/")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.page is not None:
+            self.browser.close()
+            self.playwright.stop()
+
+    def watch_for(self, seconds: float) -> None:
+        """Sample the live plans page every 0.25 s for ``seconds``."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            if self.page is not None and self.mid_move is None:
+                try:
+                    texts = self.page.locator(".progress").all_inner_texts()
+                except self.api.Error:  # a live swap mid-read: the next sample sees it
+                    texts = []
+                draining = [t for t in texts if "draining…" in t]
+                if draining:
+                    self.mid_move = draining[0]
+                    self.artifacts.mkdir(exist_ok=True)
+                    self.page.screenshot(path=str(self.artifacts / "demo-mid-move.png"))
+                    continue
+            time.sleep(0.25)
+
+    def check_applied(self, plan: dict) -> None:
+        if self.page is None:
+            # The move itself was checked; only its view in the browser was not.
+            require_system_part("browser", "chromium is not installed (the demo's move passed; "
+                                "its decision view was not opened)",
+                                "apt-get install chromium (Debian's; never `playwright install`)")
+            return
+        page, started = self.page, time.monotonic()
+        changes = len(plan["diff"])
+        if self.mid_move is not None:  # seen live, without a reload, while it drained
+            assert f"of {changes} worker change" in self.mid_move, self.mid_move
+        page.goto(f"{self.base}/plans/?served_model_id={plan['model_id']}")
+        card = page.locator(f"#plan-{plan['id']}")
+        card.wait_for()
+        # The demo's web server serves the stylesheet (an unstyled page is a broken one).
+        assert page.evaluate("document.styleSheets[0].cssRules.length") > 50
+        head = card.locator(".plan-head").inner_text()
+        assert plan["model"] in head and "Applied" in head, head
+        assert f"→ {plan['target']}" in head, head  # the applied layout
+        assert card.locator(".verdict").inner_text().strip(), head
+        binding = card.locator(".binding").inner_text()
+        assert binding.startswith("Binding constraint:") and len(binding) > 20, binding
+        progress = card.locator(".progress").inner_text()
+        assert f"{changes} of {changes} worker change" in progress, progress
+        assert progress.count("✓ done") == changes, progress
+        assert card.locator(".dchart").count() == 3
+        self.artifacts.mkdir(exist_ok=True)
+        page.screenshot(path=str(self.artifacts / "demo-decision-view-move.png"))
         try:
-            page = browser.new_page(viewport={"width": 1440, "height": 900})
-            page.set_default_timeout(20_000)
-            launched = time.monotonic()
-            # Straight to the model's plans after the login (not via the topology page).
-            view = f"/plans/?served_model_id={plan['model_id']}"
-            page.goto(f"{base}/accounts/login/?next={urllib.parse.quote(view)}")
-            page.fill("input[name=username]", "admin")
-            page.fill("input[name=password]", password)
-            page.click("button[type=submit], input[type=submit]")
-            page.wait_for_url(f"{base}{view}")
-            card = page.locator(f"#plan-{plan['id']}")
-            card.wait_for()
-            # The demo's web server serves the stylesheet (an unstyled page is a broken one).
-            assert page.evaluate("document.styleSheets[0].cssRules.length") > 50
-            head = card.locator(".plan-head").inner_text()
-            assert plan["model"] in head and "Applied" in head, head
-            assert f"→ {plan['target']}" in head, head  # the applied layout
-            verdict = card.locator(".verdict").inner_text()
-            assert verdict.strip(), head
-            binding = card.locator(".binding").inner_text()
-            assert binding.startswith("Binding constraint:") and len(binding) > 20, binding
-            progress = card.locator(".progress").inner_text()
-            changes = len(plan["diff"])
-            assert f"{changes} of {changes} worker change" in progress, progress
-            assert progress.count("✓ done") == changes, progress
-            assert card.locator(".dchart").count() == 3
-            ARTIFACTS.mkdir(exist_ok=True)
-            page.screenshot(path=str(ARTIFACTS / "demo-decision-view-move.png"))
-            try:
-                card.screenshot(path=str(ARTIFACTS / "demo-decision-view-move-plan.png"))
-            except playwright_api.Error:  # a live swap replaced the card mid-shot: once more
-                card.screenshot(path=str(ARTIFACTS / "demo-decision-view-move-plan.png"))
-        finally:
-            browser.close()
-    print(f"decision view of plan #{plan['id']} ({plan['model']}) checked in Chromium in "
-          f"{time.monotonic() - started:.1f} s ({launched - started:.1f} s to start it)")
+            card.screenshot(path=str(self.artifacts / "demo-decision-view-move-plan.png"))
+        except self.api.Error:  # a live swap replaced the card mid-shot: once more
+            card.screenshot(path=str(self.artifacts / "demo-decision-view-move-plan.png"))
+        seen = (f"seen mid-move: {self.mid_move.splitlines()[0]!r}" if self.mid_move
+                else "no sample caught its workers draining")
+        print(f"decision view of plan #{plan['id']} ({plan['model']}) checked in Chromium in "
+              f"{time.monotonic() - started:.1f} s; {seen}")
