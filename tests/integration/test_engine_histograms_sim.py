@@ -140,20 +140,28 @@ def test_fleet_percentiles_and_rate_from_simulated_engines(tmp_path, settings):
         load.start()
         time.sleep(4.0)  # past the start-up transient
         urls = [engines[eid]["metrics_url"] for eid in ENGINES]
+        own_t0 = time.time()
         before = own_buckets(urls)
         t0 = report_once()
         for _ in range(12):  # a report every 2 s, as agents send them
             time.sleep(2.0)
             t1 = report_once()
         after = own_buckets(urls)
+        own_t1 = time.time()
         window = t1 - t0
         load.stop.set()
 
         stats = enginestats.fleet_engine_stats(MODEL, dict.fromkeys(workers.values(), "both"),
                                                window_s=window - 0.5)
         assert stats.source == "agents" and stats.engines == len(ENGINES)
-        # Request rate from counter deltas, against the offered rate (6/s, evenly spaced).
-        assert stats.request_rate == pytest.approx(RATE, rel=0.05), stats
+        # Request rate from counter deltas, against the true rate: what the engines' own
+        # /metrics counted as finished over the same window (on a starved box the load
+        # generator falls behind its 6/s, so the offered rate is only a sanity bound).
+        finished = (max(after["prompt_tokens"].values())
+                    - max(before["prompt_tokens"].values()))
+        true_rate = finished / (own_t1 - own_t0)
+        assert stats.request_rate == pytest.approx(true_rate, rel=0.05), (true_rate, stats)
+        assert stats.request_rate == pytest.approx(RATE, rel=0.25), stats
         # Fleet p95 (and p50) within one bucket of the engines' own /metrics.
         for name, p50, p95 in (
             ("ttft_s", stats.ttft_p50_s, stats.ttft_p95_s),
