@@ -74,24 +74,21 @@ class Link:
         return self.label or f"{self.kind} {self.gbs:g} GB/s"
 
 
+def _per_kind(kind: str, params: CostParams, figure: str, local: float) -> float:
+    """``params.<kind>_<figure>`` (a local hand-off costs ``local``); an unknown kind is TCP."""
+    if kind == "local":
+        return local
+    if kind not in ("nvlink", "pcie", "rdma", "tcp"):
+        kind = "tcp"
+    return getattr(params, f"{kind}_{figure}")
+
+
 def link_efficiency(kind: str, params: CostParams = DEFAULT_PARAMS) -> float:
-    return {
-        "local": 1.0,
-        "nvlink": params.nvlink_efficiency,
-        "pcie": params.pcie_efficiency,
-        "rdma": params.rdma_efficiency,
-        "tcp": params.tcp_efficiency,
-    }.get(kind, params.tcp_efficiency)
+    return _per_kind(kind, params, "efficiency", local=1.0)
 
 
 def link_latency_s(kind: str, params: CostParams = DEFAULT_PARAMS) -> float:
-    return {
-        "local": 0.0,
-        "nvlink": params.nvlink_latency_s,
-        "pcie": params.pcie_latency_s,
-        "rdma": params.rdma_latency_s,
-        "tcp": params.tcp_latency_s,
-    }.get(kind, params.tcp_latency_s)
+    return _per_kind(kind, params, "latency_s", local=0.0)
 
 
 def effective_gbs(link: Link, params: CostParams = DEFAULT_PARAMS) -> float:
