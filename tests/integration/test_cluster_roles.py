@@ -26,6 +26,7 @@ from controlplane.audit.models import ChangeRecord
 from controlplane.planner.models import Plan
 from controlplane.routing.models import RoutingTableVersion
 from tests.integration.api_support import build_fleet, make_user, token_client
+from tests.integration.live_support import WAIT_S
 
 pytestmark = pytest.mark.django_db
 
@@ -365,10 +366,10 @@ async def test_live_fan_out_of_b_never_reaches_a_viewer():
     for query in ("", "cluster=b", f"node={b_node}"):
         ws = WebsocketCommunicator(LiveTopologyConsumer.as_asgi(), f"/ws/live/?{query}")
         ws.scope["user"] = user
-        connected, _ = await ws.connect(timeout=10)
+        connected, _ = await ws.connect(timeout=WAIT_S)
         assert connected
         try:
-            snapshot = await ws.receive_from(timeout=10)
+            snapshot = await ws.receive_from(timeout=WAIT_S)
             assert f'id="node-{b_node}"' not in snapshot, query
             if query == "":
                 assert f'id="node-{a_node}"' in snapshot
@@ -381,7 +382,7 @@ async def test_live_fan_out_of_b_never_reaches_a_viewer():
             if query == "":
                 await layer.group_send(cluster_group(a_id),
                                        {"type": "telemetry.changed", "node_ids": [a_node]})
-                update = await ws.receive_from(timeout=5)
+                update = await ws.receive_from(timeout=WAIT_S)
                 assert f'id="node-{a_node}"' in update and f"node-{b_node}" not in update
         finally:
             await ws.disconnect()
@@ -412,10 +413,10 @@ async def test_live_page_regions_show_only_visible_clusters():
             continue  # that page has no live region in this build
         ws = WebsocketCommunicator(LiveTopologyConsumer.as_asgi(), f"/ws/live/?{query}")
         ws.scope["user"] = user
-        connected, _ = await ws.connect(timeout=10)
+        connected, _ = await ws.connect(timeout=WAIT_S)
         assert connected
         try:
-            html = await ws.receive_from(timeout=10)
+            html = await ws.receive_from(timeout=WAIT_S)
             assert unwanted not in html, query
             if wanted:
                 assert wanted in html, query

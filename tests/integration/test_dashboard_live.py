@@ -13,6 +13,7 @@ from django.core.management import call_command
 from controlplane.accounts.access import set_role
 from controlplane.dashboard.consumers import LiveTopologyConsumer, cluster_group
 from controlplane.topology.models import Cluster, Node
+from tests.integration.live_support import WAIT_S
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -29,7 +30,7 @@ def _setup(role="viewer"):
 async def _connect(user, query="cluster=two-rtxpro-servers"):
     communicator = WebsocketCommunicator(LiveTopologyConsumer.as_asgi(), f"/ws/live/?{query}")
     communicator.scope["user"] = user
-    connected, _ = await communicator.connect(timeout=10)
+    connected, _ = await communicator.connect(timeout=WAIT_S)
     return communicator, connected
 
 
@@ -38,14 +39,14 @@ async def test_snapshot_then_coalesced_updates():
     communicator, connected = await _connect(user)
     assert connected
     try:
-        snapshot = await communicator.receive_from(timeout=10)
+        snapshot = await communicator.receive_from(timeout=WAIT_S)
         assert 'id="live-status"' in snapshot
         assert snapshot.count('hx-swap-oob="true"') == 1 + 2  # status + two nodes
         layer = get_channel_layer()
         for _ in range(5):  # a burst of hints for the same node...
             await layer.group_send(cluster_group(cluster_id),
                                    {"type": "telemetry.changed", "node_ids": [node_id]})
-        update = await communicator.receive_from(timeout=5)
+        update = await communicator.receive_from(timeout=WAIT_S)
         # ...becomes one fragment for that node only.
         assert update.count('hx-swap-oob="true"') == 1
         assert f'id="node-{node_id}"' in update
@@ -59,7 +60,7 @@ async def test_anonymous_is_refused():
 
     communicator = WebsocketCommunicator(LiveTopologyConsumer.as_asgi(), "/ws/live/")
     communicator.scope["user"] = AnonymousUser()
-    connected, code = await communicator.connect(timeout=10)
+    connected, code = await communicator.connect(timeout=WAIT_S)
     assert not connected and code == 4401
 
 
@@ -69,7 +70,7 @@ async def test_user_without_a_role_receives_nothing():
     communicator, connected = await _connect(user)
     assert connected
     try:
-        snapshot = await communicator.receive_from(timeout=10)
+        snapshot = await communicator.receive_from(timeout=WAIT_S)
         assert 'id="node-' not in snapshot
         await get_channel_layer().group_send(
             cluster_group(cluster_id), {"type": "telemetry.changed", "node_ids": [node_id]}

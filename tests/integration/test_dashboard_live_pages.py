@@ -15,6 +15,7 @@ from django.test import Client
 from controlplane.accounts.access import set_role
 from controlplane.dashboard.consumers import GLOBAL_GROUP, LiveTopologyConsumer, cluster_group
 from controlplane.topology.models import Cluster, Node, ServedModel
+from tests.integration.live_support import WAIT_S
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -31,7 +32,7 @@ async def _connect(user, query, cookies=None):
     communicator = WebsocketCommunicator(LiveTopologyConsumer.as_asgi(), f"/ws/live/?{query}")
     communicator.scope["user"] = user
     communicator.scope["cookies"] = cookies or {}
-    connected, _ = await communicator.connect(timeout=10)
+    connected, _ = await communicator.connect(timeout=WAIT_S)
     assert connected
     return communicator
 
@@ -56,16 +57,16 @@ async def test_a_new_plan_reaches_plans_and_models_pages(page, region, monkeypat
     user, cluster = await sync_to_async(_setup)()
     communicator = await _connect(user, f"page={page}")
     try:
-        snapshot = await communicator.receive_from(timeout=10)
+        snapshot = await communicator.receive_from(timeout=WAIT_S)
         assert 'id="live-status"' in snapshot and f'id="{region}"' in snapshot
         assert "live-plan-marker" not in snapshot
         await sync_to_async(_new_plan)(cluster)
         await get_channel_layer().group_send(cluster_group(cluster.pk),
                                              {"type": "page.changed"})
-        update = await communicator.receive_from(timeout=10)
+        update = await communicator.receive_from(timeout=WAIT_S)
         assert f'id="{region}" hx-swap-oob="true"' in update and "live-plan-marker" in update
         # Nothing changed since: at most a small status heartbeat, never the region again.
-        later = await communicator.receive_from(timeout=10)
+        later = await communicator.receive_from(timeout=WAIT_S)
         assert f'id="{region}"' not in later and 'id="live-status"' in later
     finally:
         await communicator.disconnect()
@@ -77,12 +78,12 @@ async def test_routing_page_updates_on_a_new_table_version():
     user, cluster = await sync_to_async(_setup)()
     communicator = await _connect(user, "page=routing")
     try:
-        snapshot = await communicator.receive_from(timeout=10)
+        snapshot = await communicator.receive_from(timeout=WAIT_S)
         assert 'id="routing-live"' in snapshot and "v77" not in snapshot
         await sync_to_async(RoutingTableVersion.objects.create)(
             cluster=cluster, version=77, body={"version": 77}, cause="test", actor="t")
         await get_channel_layer().group_send(cluster_group(cluster.pk), {"type": "page.changed"})
-        update = await communicator.receive_from(timeout=10)
+        update = await communicator.receive_from(timeout=WAIT_S)
         assert "v77" in update
     finally:
         await communicator.disconnect()
@@ -96,7 +97,7 @@ async def test_alerts_page_updates_when_an_alert_opens():
     user, cluster = await sync_to_async(_setup)()
     communicator = await _connect(user, "page=alerts")
     try:
-        snapshot = await communicator.receive_from(timeout=10)
+        snapshot = await communicator.receive_from(timeout=WAIT_S)
         assert 'id="alerts-live"' in snapshot and "Nothing is firing" in snapshot
         await sync_to_async(Alert.objects.create)(
             fingerprint="f" * 16, rule="GpuMemoryHigh", severity="warning", status="firing",
@@ -105,7 +106,7 @@ async def test_alerts_page_updates_when_an_alert_opens():
             active_since=timezone.now(), starts_at=timezone.now(),
             last_evaluated_at=timezone.now())
         await get_channel_layer().group_send(GLOBAL_GROUP, {"type": "page.changed"})
-        update = await communicator.receive_from(timeout=10)
+        update = await communicator.receive_from(timeout=WAIT_S)
         assert "live-alert-marker" in update
     finally:
         await communicator.disconnect()
@@ -119,13 +120,13 @@ async def test_node_page_updates_card_and_engines():
     communicator = await _connect(user, f"page=node&node={node.pk}",
                                   cookies={"csrftoken": "a" * 32})
     try:
-        snapshot = await communicator.receive_from(timeout=10)
+        snapshot = await communicator.receive_from(timeout=WAIT_S)
         assert f'id="node-{node.pk}"' in snapshot and 'id="engines-live"' in snapshot
         await sync_to_async(Worker.objects.filter(node=node, name="engine-0").update)(
             state="draining")
         await get_channel_layer().group_send(
             cluster_group(cluster.pk), {"type": "topology.changed", "node_ids": [node.pk]})
-        update = await communicator.receive_from(timeout=10)
+        update = await communicator.receive_from(timeout=WAIT_S)
         assert 'id="engines-live" hx-swap-oob="true"' in update and ">resume</button>" in update
         # A form in a live fragment carries a CSRF token field (from the browser's cookie).
         assert 'name="csrfmiddlewaretoken"' in update
@@ -137,7 +138,7 @@ async def test_a_node_the_viewer_cannot_see_sends_nothing_but_status():
     user, _ = await sync_to_async(_setup)()
     communicator = await _connect(user, "page=node&node=999999")
     try:
-        snapshot = await communicator.receive_from(timeout=10)
+        snapshot = await communicator.receive_from(timeout=WAIT_S)
         assert 'id="live-status"' in snapshot and "engines-live" not in snapshot
     finally:
         await communicator.disconnect()
@@ -177,12 +178,12 @@ async def test_big_fleet_topology_is_rack_tiles_and_hints_update_one_rack():
 
     communicator = await _connect(user, "cluster=big")
     try:
-        snapshot = await communicator.receive_from(timeout=10)
+        snapshot = await communicator.receive_from(timeout=WAIT_S)
         assert snapshot.count('class="rack-tile"') == 6
         await get_channel_layer().group_send(
             cluster_group(cluster.pk),
             {"type": "telemetry.changed", "node_ids": [nodes[0].pk, nodes[1].pk]})
-        update = await communicator.receive_from(timeout=10)
+        update = await communicator.receive_from(timeout=WAIT_S)
         assert update.count('class="rack-tile"') == 1 and "n000" in update
     finally:
         await communicator.disconnect()
