@@ -18,6 +18,11 @@ vLLM engines, Chromium against live servers) beside the integration and unit tes
 "Test suite", has the times). The background shard's output is printed after the
 foreground one's. With arguments it is one pytest with those arguments, as before.
 
+Sharding is for a machine this run has to itself. While another whole-suite run on the same
+machine is sharding (it holds a lock file in the temp folder), this one runs as one pytest:
+two sharded runs would be four pytest processes on a 2-core box, and tests that wait for a
+live page or a vLLM engine were seen to time out that way.
+
 What this script starts it stops (by PID) and deletes, however pytest ends. pytest's exit
 code 5 (no tests collected) is turned into a failure.
 """
@@ -25,6 +30,7 @@ code 5 (no tests collected) is turned into a failure.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import importlib.util
 import os
 import shutil
@@ -272,6 +278,22 @@ def unsharded_test_folders() -> list[str]:
     )
 
 
+SHARD_LOCK = Path(tempfile.gettempdir()) / "pdplane-make-test-shards.lock"
+
+
+@contextlib.contextmanager
+def machine_to_ourselves() -> Iterator[bool]:
+    """True while no other whole-suite run on this machine is sharding (the lock is held for
+    the run; the kernel drops it when the process ends, however it ends)."""
+    with open(SHARD_LOCK, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+
+
 def run_sharded(python: str, env: dict) -> int:
     background, foreground = SHARDS
     log_path = Path(tempfile.mkstemp(prefix="pdplane-test-shard-", suffix=".log")[1])
@@ -318,7 +340,16 @@ def main(argv: list[str]) -> int:
                 print(f"scripts/testrun.py's shards name folders or files that are not there, or "
                       f"miss a test folder: {missing}", flush=True)
                 return 1
-            rc = run_sharded(python, env)
+            with machine_to_ourselves() as alone:
+                if alone:
+                    rc = run_sharded(python, env)
+                else:
+                    folders = sorted({f for shard in SHARDS for f in shard
+                                      if not f.startswith("--")} - set(MOVED_TO_BACKGROUND))
+                    say(f"another make test run on this machine is sharding ({SHARD_LOCK} is "
+                        f"locked): this one runs as one pytest ({env['DATABASE_URL']}, "
+                        f"{env['REDIS_URL']})")
+                    rc = run([python, "-m", "pytest", *folders], env)
     if rc == 5:
         print("pytest collected no tests: treating as failure", flush=True)
         return 1
