@@ -148,7 +148,9 @@ def test_defect8_inventory_flood_is_rate_limited_before_the_database(fleet, monk
         started = time.monotonic()
         await send(cb, report(1))
         assert (await recv(cb))["type"] == "ack"
-        assert time.monotonic() - started < 2.0
+        # Not blocked behind A's flood (which answers 60 frames first when serialised); the
+        # bound is loose because a loaded 2-core CI box is slow for everyone.
+        assert time.monotonic() - started < 10.0
         await ca.disconnect()
         await cb.disconnect()
 
@@ -167,7 +169,7 @@ def test_defect9_hellos_of_different_nodes_are_stored_side_by_side(fleet, monkey
     real = consumers._accept_hello
 
     def slow(*args, **kwargs):
-        time.sleep(0.5)  # a slow database: 6 serialised hellos would take 3 s
+        time.sleep(2.0)  # a slow database: 6 serialised hellos would take 12 s
         return real(*args, **kwargs)
 
     monkeypatch.setattr(consumers, "_accept_hello", slow)
@@ -186,7 +188,8 @@ def test_defect9_hellos_of_different_nodes_are_stored_side_by_side(fleet, monkey
 
     elapsed, welcomes = run(scenario())
     assert all(w["type"] == "welcome" for w in welcomes)
-    assert elapsed < 2.5, f"hellos took {elapsed:.2f} s: serialised (≥ 3 s)"
+    # Side by side they take about 2 s; the margin up to 12 s is for a loaded CI box.
+    assert elapsed < 8.0, f"hellos took {elapsed:.2f} s: serialised (≥ 12 s)"
 
 
 def test_defect9_hello_after_a_crash_is_welcomed_though_the_old_channel_is_gone(
