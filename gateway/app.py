@@ -6,6 +6,11 @@ Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streaming or
 signature), ``GET /admin/routing-table`` (inspect), ``GET /admin/decisions`` (sampled
 decision log) and ``GET /admin/health`` (P/D pairs, KV streams: what the control plane
 polls), which live in :mod:`gateway.admin`. See docs/gateway.md.
+
+This module holds the front: the app, its lifecycle (table, KV streams, sibling processes)
+and the plan-and-retry loop of each request. What the gateway believes each worker holds
+is :mod:`gateway.prefix_knowledge`; a planned request's trip to its workers (P/D prefill,
+first token, relay) is :mod:`gateway.request_driver`.
 """
 
 from __future__ import annotations
@@ -18,7 +23,6 @@ import random
 import time
 import uuid
 from collections import defaultdict
-from typing import Any
 
 import aiohttp
 import orjson
@@ -28,29 +32,19 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from . import explain
 from .admin import AdminAPI
 from .config import GatewayConfig
-from .engines import handshake_for
 from .kv_subscriber import KvEventSubscriber
 from .metrics import GatewayMetrics
 from .pairs import PairHealth
 from .peers import PeerBus
-from .prefix_index import (
-    CHARS_PER_TOKEN,
-    AllBlocksCleared,
-    ApproxPrefixIndex,
-    PreciseIndex,
-    TokenEstimator,
-    request_text,
-    request_token_ids,
-    text_chunk_hashes,
-    token_block_hashes,
-)
-from .proxy import PairFailure, UpstreamFailure, open_upstream
-from .router import LoadReservation, NoWorkerError, WorkerLoad, plan_request
+from .prefix_index import ApproxPrefixIndex, PreciseIndex, TokenEstimator
+from .prefix_knowledge import PrefixKnowledge
+from .proxy import PairFailure, UpstreamFailure
+from .request_driver import RequestDriver
+from .router import NoWorkerError, WorkerLoad, plan_request
 from .table import ModelRoute, RoutingTable, TableStore
 from .upstream_http import Target, Timeouts, UpstreamPool
 
 log = logging.getLogger("gateway")
-DEFAULT_OUTPUT_TOKENS = 128
 
 
 def _openai_error(status: int, message: str, kind: str, code: str | None = None):
@@ -60,72 +54,7 @@ def _openai_error(status: int, message: str, kind: str, code: str | None = None)
     )
 
 
-def _has_token(data: bytes) -> bool:
-    """Does a streamed chunk carry generated text (not only chat's opening role chunk)?"""
-    return not (b'"role"' in data and b'"content":""' in data and data.count(b"data:") <= 1)
-
-
-_PROMPT_TOKENS_KEY = b'"prompt_tokens"'
-
-
-def _usage_prompt_tokens(payload: bytes) -> int | None:
-    """``usage.prompt_tokens`` of an answer without decoding all of it (an answer can be
-    long; only this one number is wanted): the last ``"prompt_tokens": <int>`` in it. The
-    key cannot occur unescaped inside generated text (its quotes would be escaped)."""
-    at = payload.rfind(_PROMPT_TOKENS_KEY)
-    if at < 0:
-        return None
-    rest = payload[at + len(_PROMPT_TOKENS_KEY):at + len(_PROMPT_TOKENS_KEY) + 32]
-    rest = rest.lstrip(b" \t\r\n")
-    if not rest.startswith(b":"):
-        return None
-    digits = rest[1:].lstrip(b" \t\r\n")
-    end = 0
-    while end < len(digits) and 48 <= digits[end] <= 57:
-        end += 1
-    return int(digits[:end]) if 0 < end <= 12 else None
-
-
-class Reservation:
-    """The router's load arithmetic for one request (``router.LoadReservation``: queued
-    prefill where it prefills, added KV where it decodes), plus what a gateway process adds
-    to it: the in-flight gauge and the sibling processes' view of the same load."""
-
-    __slots__ = ("gw", "load")
-
-    def __init__(self, gateway: Gateway, plan, prompt_tokens: int, output_tokens: int,
-                 block_size: int):
-        self.gw = gateway
-        self.load = LoadReservation(gateway.loads, plan, prompt_tokens, output_tokens,
-                                    block_size)
-        (prefill_worker, prefill_blocks), (decode_worker, decode_blocks) = (
-            self.load.prefill, self.load.decode)
-        self._gauge(decode_worker)
-        if gateway.peers is not None:  # sibling gateway processes see it too
-            gateway.peers.load(prefill_worker, prefill_blocks, 0.0, 0)
-            gateway.peers.load(decode_worker, 0.0, decode_blocks, 1)
-
-    def _gauge(self, worker_id: str) -> None:
-        self.gw.metrics.child(self.gw.metrics.in_flight, worker_id).set(
-            self.gw.loads[worker_id].in_flight)
-
-    def prefill_done(self) -> None:
-        held = self.load.prefill
-        self.load.prefill_done()
-        if held is not None and self.gw.peers is not None:
-            self.gw.peers.load(held[0], -held[1], 0.0, 0)
-
-    def release(self) -> None:
-        self.prefill_done()
-        held = self.load.decode
-        self.load.release()
-        if held is not None:
-            self._gauge(held[0])
-            if self.gw.peers is not None:
-                self.gw.peers.load(held[0], 0.0, -held[1], -1)
-
-
-class Gateway(AdminAPI):
+class Gateway(AdminAPI, PrefixKnowledge, RequestDriver):
     def __init__(self, config: GatewayConfig):
         self.config = config
         self.metrics = GatewayMetrics()
@@ -244,33 +173,6 @@ class Gateway(AdminAPI):
             with contextlib.suppress(RuntimeError):
                 self.subscriber.sync(table)
 
-    def _size_prefix_index(self, model: ModelRoute) -> None:
-        """Bound each worker's approximate entries by its KV capacity, in chunks.
-
-        Twice the nominal capacity: an engine's freed prefix blocks stay reusable until they
-        are overwritten, and the chunk ↔ token conversion is an estimate; on the Mooncake
-        benchmark a bound of 1× forgot prefixes the engines still held."""
-        estimator = self.estimators.setdefault(model.name, TokenEstimator())
-        chunk_chars = model.block_size * CHARS_PER_TOKEN
-        for worker in model.workers:
-            chunks = int(2 * worker.kv_tokens * estimator.chars_per_token / chunk_chars)
-            self.approx.set_capacity(worker.id, chunks)
-        self._sized_at[model.name] = estimator.chars_per_token
-
-    def _on_kv_events(self, model: str, worker_id: str, events) -> None:
-        index = self.precise.setdefault(model, PreciseIndex())
-        index.apply(worker_id, events)
-        if any(isinstance(e, AllBlocksCleared) for e in events):
-            self.approx.forget_worker(worker_id)
-
-    def _on_kv_reset(self, model: str, worker_id: str) -> None:
-        """The worker's engine restarted (its stream started over): its cache is empty, so
-        forget what both indexes believed it held; the new stream refills them."""
-        index = self.precise.get(model)
-        if index is not None:
-            index.forget_worker(worker_id)
-        self.approx.forget_worker(worker_id)
-
     # ------------------------------------------------------------------ plain endpoints
 
     async def health(self, request: web.Request) -> web.Response:
@@ -373,17 +275,6 @@ class Gateway(AdminAPI):
             self.metrics.child(self.metrics.e2e, model.name).observe(time.perf_counter() - started)
             return response
 
-    def _url(self, base: str, endpoint: str) -> Target:
-        """The worker's endpoint, parsed once (URL parsing is a visible share of a
-        request's CPU)."""
-        key = (base, endpoint)
-        url = self._urls.get(key)
-        if url is None:
-            if len(self._urls) > 100_000:
-                self._urls.clear()
-            url = self._urls[key] = Target.parse(f"{base}/v1/{endpoint}")
-        return url
-
     def _next_request_id(self) -> str:
         """Unique per gateway process and cheap (a random prefix and a counter; uuid4 on
         every request costs a system call)."""
@@ -392,55 +283,6 @@ class Gateway(AdminAPI):
     def _reject(self, status, message, model, endpoint, kind="invalid_request_error"):
         self.metrics.child(self.metrics.requests, model, endpoint, str(status)).inc()
         return _openai_error(status, message, kind)
-
-    async def _prompt_view(self, model: ModelRoute, body: dict, chat: bool) -> dict[str, Any]:
-        """Prompt length and who is believed to hold its prefix."""
-        estimator = self.estimators.setdefault(model.name, TokenEstimator())
-        text = request_text(body)
-        token_ids = request_token_ids(body)
-        precise = self.precise.get(model.name)
-        if token_ids is None and self.config.tokenize_via_engine and precise is not None:
-            token_ids = await self._tokenize(model, body, chat)
-        now = time.monotonic()
-        if text:
-            chunk_chars = int(model.block_size * CHARS_PER_TOKEN)
-            hashes = text_chunk_hashes(text, chunk_chars)
-            unit = chunk_chars / estimator.chars_per_token
-            tokens = len(token_ids) if token_ids else estimator.estimate(len(text))
-        else:
-            hashes = token_block_hashes(token_ids or [], model.block_size)
-            unit = model.block_size
-            tokens = len(token_ids or [])
-        cached = {w: int(n * unit) for w, n in self.approx.match(model.name, hashes, now).items()}
-        if token_ids and precise is not None:
-            subscriber = self.subscriber
-            for w, held in precise.match(token_ids).items():
-                if subscriber is not None and subscriber.stalled(w):
-                    continue  # stalled stream: its precise entries may be stale
-                cached[w] = max(cached.get(w, 0), held)
-        cached = {w: min(t, tokens) for w, t in cached.items()}
-        return {"tokens": tokens, "cached": cached, "hashes": hashes, "chars": len(text)}
-
-    async def _tokenize(self, model: ModelRoute, body: dict, chat: bool) -> list[int] | None:
-        worker = next((w for w in model.workers if w.active), None)
-        if worker is None:
-            return None
-        payload = {"model": model.name}
-        if chat:
-            payload["messages"] = body.get("messages")
-        else:
-            payload["prompt"] = body.get("prompt")
-        try:
-            async with self.session.post(
-                worker.url + "/tokenize", json=payload, timeout=aiohttp.ClientTimeout(total=2)
-            ) as response:
-                if response.status != 200:
-                    return None
-                answer = await response.json(loads=orjson.loads)
-                tokens = answer.get("tokens")
-                return tokens if isinstance(tokens, list) else None
-        except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
-            return None
 
     def _explain(self, model: ModelRoute, plan, prompt, request_id: str, *,
                  retried: bool) -> str:
@@ -457,226 +299,6 @@ class Gateway(AdminAPI):
                                   plan=plan, prompt_tokens=prompt["tokens"],
                                   avoidable=avoidable, avoidable_on=on)
         return explain.route_header(rule, plan)
-
-    async def _execute(self, request, model: ModelRoute, plan, body, raw, endpoint, chat,
-                       request_id, prompt, started, why: str = ""):
-        bs = model.block_size
-        max_out = body.get("max_tokens") or body.get("max_completion_tokens")
-        out_tokens = max_out if isinstance(max_out, int) and max_out > 0 else DEFAULT_OUTPUT_TOKENS
-        reservation = Reservation(self, plan, prompt["tokens"], out_tokens, bs)
-        headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
-        if "Authorization" in request.headers:
-            headers["Authorization"] = request.headers["Authorization"]
-        stream = bool(body.get("stream"))
-        # Remember the prefix at dispatch, not at the first token: requests sharing it that
-        # arrive while this one is still prefilling should follow it (as SGLang's tree does).
-        self._remember_prefix(model, plan, prompt)
-        try:
-            until_first_token = self._until_first_token(
-                model, plan, body, raw, endpoint, chat, headers, prompt, stream, reservation
-            )
-            # Streaming only: a non-streaming answer's first byte is its last.
-            deadline_s = model.first_token_deadline_ms / 1000.0 if stream else 0.0
-            if deadline_s > 0:
-                remaining = deadline_s - (time.perf_counter() - started)
-                try:
-                    upstream = await asyncio.wait_for(until_first_token, max(remaining, 0.0))
-                except TimeoutError:
-                    # Shed: the TTFT target is lost already; cancelling the upstream request
-                    # (the connection closes, the engine aborts it) frees the engine for
-                    # the requests queued behind it. No retry: the fleet is overloaded.
-                    self.metrics.child(self.metrics.errors, model.name,
-                                       "first_token_deadline").inc()
-                    return self._reject(
-                        503, f"no first token within {model.first_token_deadline_ms:.0f} ms "
-                        "(the gateway sheds requests that have missed their latency target)",
-                        model.name, endpoint, kind="service_unavailable")
-            else:
-                upstream = await until_first_token
-            if isinstance(upstream, web.Response):
-                return upstream
-            try:
-                reservation.prefill_done()
-                response_headers = {
-                    **upstream.client_headers(),
-                    "X-Request-Id": request_id,
-                    "X-Pdplane-Worker": plan.decode,
-                    explain.ROUTE_HEADER: why,
-                }
-                if plan.prefill:
-                    response_headers["X-Pdplane-Prefill-Worker"] = plan.prefill
-                if not stream or upstream.status != 200:
-                    rest = await self._read_rest(upstream)
-                    payload = upstream.first_chunk + rest
-                    self._learn_tokens(model, prompt, payload)
-                    return web.Response(body=payload, status=upstream.status,
-                                        headers=response_headers)
-                ttft = time.perf_counter() - started
-                self.metrics.child(self.metrics.ttft, model.name).observe(ttft)
-                return await self._relay(request, upstream, response_headers, model, prompt)
-            finally:
-                upstream.close()
-        finally:
-            reservation.release()
-
-    async def _until_first_token(self, model, plan, body, raw, endpoint, chat, headers, prompt,
-                                 stream, reservation):
-        """Remote prefill (P/D), then the answering worker's response up to its first token:
-        the open upstream, or a Response to pass on (the prefill worker refused the request)."""
-        data = raw
-        worker = model.worker(plan.decode)
-        handshake = handshake_for(worker.engine)
-        if plan.prefill:
-            early = await self._prefill(model, plan, body, endpoint, chat, headers, prompt,
-                                        handshake)
-            if isinstance(early, web.Response):
-                return early
-            reservation.prefill_done()
-            data = orjson.dumps(handshake.decode_request(body, early))
-        self.metrics.child(self.metrics.worker_requests, worker.id, "decode" if plan.prefill else
-                                            "full").inc()
-        upstream = await open_upstream(
-            self.pool, worker.id, self._url(worker.url, endpoint), data, headers,
-            timeout=self.upstream_timeout,
-        )
-        if plan.prefill and 400 <= upstream.status < 500:
-            try:
-                payload = upstream.first_chunk + await self._read_rest(upstream)
-            finally:
-                upstream.close()
-            if handshake.is_transfer_refusal(upstream.status, payload):
-                raise PairFailure(plan.prefill, plan.decode, "transfer_refused",
-                                  f"decode refused the KV transfer: HTTP {upstream.status}",
-                                  upstream.status)
-            return web.Response(body=payload, status=upstream.status,
-                                content_type="application/json")
-        if plan.prefill:
-            self.pairs.succeeded(plan.prefill, plan.decode)
-        try:
-            if stream and upstream.status == 200 and not _has_token(upstream.first_chunk):
-                # Hold chat's opening role chunk back until a token comes, so a worker
-                # that dies in between can still be replaced.
-                upstream.first_chunk += await self._read_more(upstream)
-        except BaseException:  # incl. cancellation by the first-token deadline
-            upstream.close()
-            raise
-        return upstream
-
-    async def _prefill(self, model, plan, body, endpoint, chat, headers, prompt, handshake):
-        worker = model.worker(plan.prefill)
-        self.metrics.child(self.metrics.worker_requests, worker.id, "prefill").inc()
-        try:
-            upstream = await open_upstream(
-                self.pool, worker.id, self._url(worker.url, endpoint),
-                orjson.dumps(handshake.prefill_request(body, chat=chat)), headers,
-                timeout=self.prefill_timeout,
-            )
-            try:
-                payload = upstream.first_chunk + await self._read_rest(upstream)
-            finally:
-                upstream.close()
-        except UpstreamFailure as exc:
-            raise PairFailure(plan.prefill, plan.decode, "prefill_failed", exc.reason,
-                              exc.status) from exc
-        if upstream.status != 200:
-            # The request itself is at fault (4xx): answer the client with it.
-            return web.Response(body=payload, status=upstream.status,
-                                content_type="application/json")
-        try:
-            answer = orjson.loads(payload)
-        except orjson.JSONDecodeError as exc:
-            raise PairFailure(plan.prefill, plan.decode, "prefill_failed",
-                              "prefill answer is not JSON") from exc
-        self._learn_tokens(model, prompt, payload, answer)
-        params = handshake.transfer_params(answer)
-        if params is None:
-            self.metrics.child(self.metrics.decisions, model.name, "pd_no_kv_params").inc()
-            return None
-        return params
-
-    async def _read_more(self, upstream) -> bytes:
-        try:
-            extra = b""
-            while not _has_token(upstream.first_chunk + extra):
-                chunk = await upstream.response.content.readany()
-                if not chunk:
-                    break
-                extra += chunk
-            return extra
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise UpstreamFailure(upstream.worker_id, f"died before a token: {exc!r}") from exc
-
-    async def _read_rest(self, upstream) -> bytes:
-        try:
-            return await upstream.response.read()
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise UpstreamFailure(upstream.worker_id, f"answer cut short: {exc!r}") from exc
-
-    async def _relay(self, request, upstream, headers, model, prompt) -> web.StreamResponse:
-        response = web.StreamResponse(status=200, headers=headers)
-        await response.prepare(request)
-        await response.write(upstream.first_chunk)
-        last = time.perf_counter()
-        itl = self.metrics.child(self.metrics.itl, model.name)
-        tail = upstream.first_chunk
-        try:
-            async for chunk in upstream.response.content.iter_any():
-                now = time.perf_counter()
-                itl.observe(now - last)
-                last = now
-                tail = chunk
-                await response.write(chunk)
-            await response.write_eof()
-            if b'"prompt_tokens"' in tail:  # stream_options.include_usage: learn from it
-                self._learn_from_stream_tail(model, prompt, tail)
-        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-            self.metrics.child(self.metrics.errors, model.name, "client_disconnect").inc()
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            # After the first byte there is no retry: end the stream, count it.
-            self.metrics.child(self.metrics.errors, model.name, "upstream_mid_stream").inc()
-            log.warning("upstream %s failed mid-stream: %r", upstream.worker_id, exc)
-        return response
-
-    def _remember_prefix(self, model: ModelRoute, plan, prompt) -> None:
-        now = time.monotonic()
-        hashes = prompt["hashes"]
-        if hashes:
-            self.approx.record(model.name, hashes, plan.decode, now)
-            if plan.prefill:
-                self.approx.record(model.name, hashes, plan.prefill, now)
-            if self.peers is not None:
-                self.peers.route(model.name, plan.decode, hashes)
-                if plan.prefill:
-                    self.peers.route(model.name, plan.prefill, hashes)
-        if self.subscriber is not None and prompt["tokens"] - plan.cached_tokens >= \
-                model.block_size:
-            # At least one uncached block: the engine will store it and publish an event.
-            self.subscriber.expect_events(plan.prefill or plan.decode)
-        self.metrics.child(self.metrics.prefix_hit_tokens, model.name).inc(plan.cached_tokens)
-        self.metrics.child(self.metrics.prompt_tokens, model.name).inc(prompt["tokens"])
-
-    def _learn_from_stream_tail(self, model, prompt, tail: bytes) -> None:
-        for line in reversed(tail.split(b"\n")):
-            if line.startswith(b"data:") and b'"prompt_tokens"' in line:
-                self._learn_tokens(model, prompt, line[5:].strip())
-                return
-
-    def _learn_tokens(self, model, prompt, payload: bytes, answer=None) -> None:
-        if not prompt["chars"]:
-            return
-        if answer is not None:
-            try:
-                tokens = answer["usage"]["prompt_tokens"]
-            except (KeyError, TypeError):
-                return
-        else:
-            tokens = _usage_prompt_tokens(payload)
-        if isinstance(tokens, int) and not isinstance(tokens, bool):
-            estimator = self.estimators[model.name]
-            estimator.observe(prompt["chars"], tokens)
-            sized = self._sized_at.get(model.name, 0.0)
-            if abs(estimator.chars_per_token - sized) > 0.05 * max(sized, 1.0):
-                self._size_prefix_index(model)
 
 
 def create_app(config: GatewayConfig) -> tuple[Gateway, web.Application]:

@@ -1,0 +1,267 @@
+"""One planned request's trip to its workers: the load it reserves, the remote prefill
+(P/D handshake) when the plan has a prefill worker, the answering worker up to its first
+token (under the first-token deadline), and the relay of the stream to the client.
+
+A mixin of :class:`gateway.app.Gateway`, which plans the request and retries it when this
+raises :class:`~gateway.proxy.UpstreamFailure` (nothing has reached the client yet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from . import explain
+from .engines import handshake_for
+from .proxy import PairFailure, UpstreamFailure, open_upstream
+from .router import LoadReservation
+from .table import ModelRoute
+from .upstream_http import Target
+
+log = logging.getLogger("gateway")
+DEFAULT_OUTPUT_TOKENS = 128
+
+
+def has_token(data: bytes) -> bool:
+    """Does a streamed chunk carry generated text (not only chat's opening role chunk)?"""
+    return not (b'"role"' in data and b'"content":""' in data and data.count(b"data:") <= 1)
+
+
+class Reservation:
+    """The router's load arithmetic for one request (``router.LoadReservation``: queued
+    prefill where it prefills, added KV where it decodes), plus what a gateway process adds
+    to it: the in-flight gauge and the sibling processes' view of the same load."""
+
+    __slots__ = ("gw", "load")
+
+    def __init__(self, gateway: RequestDriver, plan, prompt_tokens: int, output_tokens: int,
+                 block_size: int):
+        self.gw = gateway
+        self.load = LoadReservation(gateway.loads, plan, prompt_tokens, output_tokens,
+                                    block_size)
+        (prefill_worker, prefill_blocks), (decode_worker, decode_blocks) = (
+            self.load.prefill, self.load.decode)
+        self._gauge(decode_worker)
+        if gateway.peers is not None:  # sibling gateway processes see it too
+            gateway.peers.load(prefill_worker, prefill_blocks, 0.0, 0)
+            gateway.peers.load(decode_worker, 0.0, decode_blocks, 1)
+
+    def _gauge(self, worker_id: str) -> None:
+        self.gw.metrics.child(self.gw.metrics.in_flight, worker_id).set(
+            self.gw.loads[worker_id].in_flight)
+
+    def prefill_done(self) -> None:
+        held = self.load.prefill
+        self.load.prefill_done()
+        if held is not None and self.gw.peers is not None:
+            self.gw.peers.load(held[0], -held[1], 0.0, 0)
+
+    def release(self) -> None:
+        self.prefill_done()
+        held = self.load.decode
+        self.load.release()
+        if held is not None:
+            self._gauge(held[0])
+            if self.gw.peers is not None:
+                self.gw.peers.load(held[0], 0.0, -held[1], -1)
+
+
+class RequestDriver:
+    """Needs: config, metrics, loads, peers, pairs, pool, upstream_timeout, prefill_timeout,
+    _urls (set by Gateway); _reject (Gateway); _remember_prefix, _learn_tokens,
+    _learn_from_stream_tail (:class:`gateway.prefix_knowledge.PrefixKnowledge`)."""
+
+    async def _execute(self, request, model: ModelRoute, plan, body, raw, endpoint, chat,
+                       request_id, prompt, started, why: str = ""):
+        bs = model.block_size
+        max_out = body.get("max_tokens") or body.get("max_completion_tokens")
+        out_tokens = max_out if isinstance(max_out, int) and max_out > 0 else DEFAULT_OUTPUT_TOKENS
+        reservation = Reservation(self, plan, prompt["tokens"], out_tokens, bs)
+        headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
+        if "Authorization" in request.headers:
+            headers["Authorization"] = request.headers["Authorization"]
+        stream = bool(body.get("stream"))
+        # Remember the prefix at dispatch, not at the first token: requests sharing it that
+        # arrive while this one is still prefilling should follow it (as SGLang's tree does).
+        self._remember_prefix(model, plan, prompt)
+        try:
+            until_first_token = self._until_first_token(
+                model, plan, body, raw, endpoint, chat, headers, prompt, stream, reservation
+            )
+            # Streaming only: a non-streaming answer's first byte is its last.
+            deadline_s = model.first_token_deadline_ms / 1000.0 if stream else 0.0
+            if deadline_s > 0:
+                remaining = deadline_s - (time.perf_counter() - started)
+                try:
+                    upstream = await asyncio.wait_for(until_first_token, max(remaining, 0.0))
+                except TimeoutError:
+                    # Shed: the TTFT target is lost already; cancelling the upstream request
+                    # (the connection closes, the engine aborts it) frees the engine for
+                    # the requests queued behind it. No retry: the fleet is overloaded.
+                    self.metrics.child(self.metrics.errors, model.name,
+                                       "first_token_deadline").inc()
+                    return self._reject(
+                        503, f"no first token within {model.first_token_deadline_ms:.0f} ms "
+                        "(the gateway sheds requests that have missed their latency target)",
+                        model.name, endpoint, kind="service_unavailable")
+            else:
+                upstream = await until_first_token
+            if isinstance(upstream, web.Response):
+                return upstream
+            try:
+                reservation.prefill_done()
+                response_headers = {
+                    **upstream.client_headers(),
+                    "X-Request-Id": request_id,
+                    "X-Pdplane-Worker": plan.decode,
+                    explain.ROUTE_HEADER: why,
+                }
+                if plan.prefill:
+                    response_headers["X-Pdplane-Prefill-Worker"] = plan.prefill
+                if not stream or upstream.status != 200:
+                    rest = await self._read_rest(upstream)
+                    payload = upstream.first_chunk + rest
+                    self._learn_tokens(model, prompt, payload)
+                    return web.Response(body=payload, status=upstream.status,
+                                        headers=response_headers)
+                ttft = time.perf_counter() - started
+                self.metrics.child(self.metrics.ttft, model.name).observe(ttft)
+                return await self._relay(request, upstream, response_headers, model, prompt)
+            finally:
+                upstream.close()
+        finally:
+            reservation.release()
+
+    async def _until_first_token(self, model, plan, body, raw, endpoint, chat, headers, prompt,
+                                 stream, reservation):
+        """Remote prefill (P/D), then the answering worker's response up to its first token:
+        the open upstream, or a Response to pass on (the prefill worker refused the request)."""
+        data = raw
+        worker = model.worker(plan.decode)
+        handshake = handshake_for(worker.engine)
+        if plan.prefill:
+            early = await self._prefill(model, plan, body, endpoint, chat, headers, prompt,
+                                        handshake)
+            if isinstance(early, web.Response):
+                return early
+            reservation.prefill_done()
+            data = orjson.dumps(handshake.decode_request(body, early))
+        self.metrics.child(self.metrics.worker_requests, worker.id, "decode" if plan.prefill else
+                                            "full").inc()
+        upstream = await open_upstream(
+            self.pool, worker.id, self._url(worker.url, endpoint), data, headers,
+            timeout=self.upstream_timeout,
+        )
+        if plan.prefill and 400 <= upstream.status < 500:
+            try:
+                payload = upstream.first_chunk + await self._read_rest(upstream)
+            finally:
+                upstream.close()
+            if handshake.is_transfer_refusal(upstream.status, payload):
+                raise PairFailure(plan.prefill, plan.decode, "transfer_refused",
+                                  f"decode refused the KV transfer: HTTP {upstream.status}",
+                                  upstream.status)
+            return web.Response(body=payload, status=upstream.status,
+                                content_type="application/json")
+        if plan.prefill:
+            self.pairs.succeeded(plan.prefill, plan.decode)
+        try:
+            if stream and upstream.status == 200 and not has_token(upstream.first_chunk):
+                # Hold chat's opening role chunk back until a token comes, so a worker
+                # that dies in between can still be replaced.
+                upstream.first_chunk += await self._read_more(upstream)
+        except BaseException:  # incl. cancellation by the first-token deadline
+            upstream.close()
+            raise
+        return upstream
+
+    async def _prefill(self, model, plan, body, endpoint, chat, headers, prompt, handshake):
+        worker = model.worker(plan.prefill)
+        self.metrics.child(self.metrics.worker_requests, worker.id, "prefill").inc()
+        try:
+            upstream = await open_upstream(
+                self.pool, worker.id, self._url(worker.url, endpoint),
+                orjson.dumps(handshake.prefill_request(body, chat=chat)), headers,
+                timeout=self.prefill_timeout,
+            )
+            try:
+                payload = upstream.first_chunk + await self._read_rest(upstream)
+            finally:
+                upstream.close()
+        except UpstreamFailure as exc:
+            raise PairFailure(plan.prefill, plan.decode, "prefill_failed", exc.reason,
+                              exc.status) from exc
+        if upstream.status != 200:
+            # The request itself is at fault (4xx): answer the client with it.
+            return web.Response(body=payload, status=upstream.status,
+                                content_type="application/json")
+        try:
+            answer = orjson.loads(payload)
+        except orjson.JSONDecodeError as exc:
+            raise PairFailure(plan.prefill, plan.decode, "prefill_failed",
+                              "prefill answer is not JSON") from exc
+        self._learn_tokens(model, prompt, payload, answer)
+        params = handshake.transfer_params(answer)
+        if params is None:
+            self.metrics.child(self.metrics.decisions, model.name, "pd_no_kv_params").inc()
+            return None
+        return params
+
+    async def _read_more(self, upstream) -> bytes:
+        try:
+            extra = b""
+            while not has_token(upstream.first_chunk + extra):
+                chunk = await upstream.response.content.readany()
+                if not chunk:
+                    break
+                extra += chunk
+            return extra
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise UpstreamFailure(upstream.worker_id, f"died before a token: {exc!r}") from exc
+
+    async def _read_rest(self, upstream) -> bytes:
+        try:
+            return await upstream.response.read()
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise UpstreamFailure(upstream.worker_id, f"answer cut short: {exc!r}") from exc
+
+    async def _relay(self, request, upstream, headers, model, prompt) -> web.StreamResponse:
+        response = web.StreamResponse(status=200, headers=headers)
+        await response.prepare(request)
+        await response.write(upstream.first_chunk)
+        last = time.perf_counter()
+        itl = self.metrics.child(self.metrics.itl, model.name)
+        tail = upstream.first_chunk
+        try:
+            async for chunk in upstream.response.content.iter_any():
+                now = time.perf_counter()
+                itl.observe(now - last)
+                last = now
+                tail = chunk
+                await response.write(chunk)
+            await response.write_eof()
+            if b'"prompt_tokens"' in tail:  # stream_options.include_usage: learn from it
+                self._learn_from_stream_tail(model, prompt, tail)
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+            self.metrics.child(self.metrics.errors, model.name, "client_disconnect").inc()
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            # After the first byte there is no retry: end the stream, count it.
+            self.metrics.child(self.metrics.errors, model.name, "upstream_mid_stream").inc()
+            log.warning("upstream %s failed mid-stream: %r", upstream.worker_id, exc)
+        return response
+
+    def _url(self, base: str, endpoint: str) -> Target:
+        """The worker's endpoint, parsed once (URL parsing is a visible share of a
+        request's CPU)."""
+        key = (base, endpoint)
+        url = self._urls.get(key)
+        if url is None:
+            if len(self._urls) > 100_000:
+                self._urls.clear()
+            url = self._urls[key] = Target.parse(f"{base}/v1/{endpoint}")
+        return url
