@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from workers_agent.protocol import (
+from workers_agent.protocol.report import (
     AGENT_REPORT_KEYS,
     GPU_REPORT_KEYS,
     NIC_REPORT_KEYS,
