@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from . import links as linkmod
-from .engine import DecodeBurst, SimEngine, SimRequest, Step
+from .engine import SimEngine
+from .enginetypes import DecodeBurst, SimRequest, Step
 from .links import LinkProfile
 
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 from . import links as linkmod
 from .driver import EngineDriver, LinkModel
-from .engine import EngineSpec, EngineStats, SimEngine
+from .engine import SimEngine
+from .enginetypes import EngineSpec, EngineStats
 from .profiles import get_hardware
 from .report import Summary, summarize
 

@@ -45,7 +45,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from .driver import LinkModel, NicQueue, Tracked, Update, transfer_seconds
-from .engine import DecodeBurst, RequestRejectedError, SimRequest
+from .enginetypes import DecodeBurst, RequestRejectedError, SimRequest
 from .fleet import (
     ACTIVE,
     DRAINING,

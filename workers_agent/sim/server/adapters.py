@@ -8,7 +8,8 @@ from typing import Any
 
 from workers_agent.sim import links, profiles, tokens
 from workers_agent.sim.driver import kv_lanes
-from workers_agent.sim.engine import EngineSpec, SimEngine, SimRequest
+from workers_agent.sim.engine import SimEngine
+from workers_agent.sim.enginetypes import EngineSpec, SimRequest
 from workers_agent.sim.fleetconfig import EngineConfig
 from workers_agent.sim.server.pd import KvPath
 
