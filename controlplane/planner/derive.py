@@ -17,7 +17,8 @@ Prometheus), win over the per-worker ones.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TypeVar
 
 PEAK_DECAY = 0.9  # per planning cycle: a peak fades to a third in ~10 cycles
 
@@ -47,10 +48,12 @@ def derive_load(
 ) -> DerivedLoad:
     """Request rate and lengths from the agents' token rates and request counters.
 
-    Rate: the engines' finished-request counters when reported, else an external figure
-    (Prometheus), else generated tokens/s ÷ the model's expected answer length. Prompt
-    length = prompt tokens/s of the workers that prefill (a decode worker's remote prompts
-    would count twice) ÷ rate; answer length = generated tokens/s ÷ rate."""
+    Rate: the engines' finished-request counters of the decode-capable workers when
+    reported, else an external figure (Prometheus), else generated tokens/s ÷ the model's
+    expected answer length. Prompt length: with counters, every worker's prompt tokens ÷
+    every worker's finished requests (role-free, see below); else prompt tokens/s of the
+    workers that prefill (a decode worker's remote prompts would count twice) ÷ rate.
+    Answer length = generated tokens/s ÷ rate."""
     prompt_tps = sum(_num(s, "prompt_tokens_per_s") for s in wstates
                      if roles.get(s.get("worker_id")) != "decode")
     gen_tps = sum(_num(s, "generation_tokens_per_s") for s in wstates)
@@ -71,6 +74,18 @@ def derive_load(
     elif rate > 0 and gen_tps > 0:
         osl = gen_tps / rate
     isl = prompt_tps / rate if rate > 0 else 0.0
+    if source == "counters":
+        # Prompt tokens ÷ finished requests over *every* worker: under P/D both halves of a
+        # request count its prompt (the prefill engine computes it, the decode engine
+        # counts it on arrival by transfer) and both finish it (the prefill half after one
+        # token), so the ratio is exact whatever the roles. Per-role sums are not: a 'both'
+        # worker that decodes a request prefilled elsewhere counted its prompt a second time
+        # on the prefill side, and one that prefills for a decode worker counted a second
+        # finish on the decode side (mid-move, under the gateway's router).
+        all_prompt = sum(_num(s, "prompt_tokens_per_s") for s in wstates)
+        all_fin = sum(_num(s, "requests_per_s") for s in wstates)
+        if all_prompt > 0 and all_fin > 0:
+            isl = all_prompt / all_fin
     fin_prompt = sum(_num(s, "finished_prompt_tokens_per_s") for s in wstates
                      if roles.get(s.get("worker_id")) != "prefill")
     fin_gen = sum(_num(s, "finished_generation_tokens_per_s") for s in wstates
@@ -80,6 +95,41 @@ def derive_load(
     peak = max(rate, prev_peak * PEAK_DECAY)
     return DerivedLoad(rate, peak, isl, osl, sum(hits) / len(hits) if hits else 0.0, running,
                        source)
+
+
+# The workload mix: what a window's finished requests say about prompts and answers.
+MIX_KEYS = ("isl_mean", "isl_p50", "isl_p95", "osl_mean", "osl_p95", "prefix_hit")
+L = TypeVar("L")
+
+
+def carry_mix(load: L, previous: dict | None) -> tuple[L, str]:
+    """(load, note): a window that finished no request says nothing about prompt or answer
+    lengths, so the planned load (the decaying peak) is priced with the last window's mix
+    that had traffic — ``previous``, the load the planner was given last cycle — instead of
+    zero-token prompts. ``load`` is any dataclass with the :data:`MIX_KEYS` fields (the
+    planner's ``LoadInput``); returned unchanged when it has its own mix or nothing is
+    known (the note then is "").
+
+    The demo's 8B model, idle from the first RAG window on, was planned for its chat peak
+    with 0-token prompts (every layout "TTFT 4.9 ms") and split to 1P:11D (issue 17)."""
+    rate = getattr(load, "rate_rps", 0.0) or 0.0
+    if rate > 0 and (getattr(load, "isl_mean", 0.0) or 0.0) > 0:
+        return load, ""
+    prev = previous if isinstance(previous, dict) else {}
+    if not isinstance(prev.get("isl_mean"), int | float) or prev["isl_mean"] <= 0:
+        return load, ""
+    mix = {}
+    for k in MIX_KEYS:
+        v = prev.get(k)
+        if k in ("isl_mean", "osl_mean", "prefix_hit"):
+            mix[k] = float(v) if isinstance(v, int | float) and v >= 0 else getattr(load, k)
+        else:
+            mix[k] = float(v) if isinstance(v, int | float) and v > 0 else None
+    carried = replace(load, **mix)
+    why = "finished no request" if rate <= 0 else "reported no prompt lengths"
+    return carried, (
+        f"this window {why}: prompts {mix['isl_mean']:,.0f} tokens and answers "
+        f"{mix['osl_mean']:,.0f} are the last window's with traffic")
 
 
 def worst_p95(wstates: list[dict]) -> tuple[float | None, float | None]:

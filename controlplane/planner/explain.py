@@ -163,7 +163,13 @@ def _verdict(d, obs, gv, sv, ch) -> str:
             why = (f"finish the move: {gv.detail}; score {_score(gv.target_score)} vs "
                    f"{_score(gv.hold_score)} holding")
         else:
-            why = (f"predicted goodput {rate(tgt.goodput_rps)} vs {rate(cur.goodput_rps)} now"
+            # Both figures are predictions at the planned load (the target's and the
+            # hold option's), and the gate compared them on one score: say both, so the
+            # text never pits a prediction against a "now" it did not use.
+            why = (f"predicted goodput {rate(tgt.goodput_rps)} vs {rate(cur.goodput_rps)} "
+                   f"holding, both at the planned {rate(d.plan_rate_rps)}"
+                   + (f"; within targets {_score(gv.target_score)} vs "
+                      f"{_score(gv.hold_score)} holding" if gv and gv.target_score else "")
                    if tgt and cur else "")
             if d.reason == "roll-back":
                 why = f"roll back: the load moved {gv.load_shift:.0%} since the move; " + why

@@ -17,7 +17,7 @@ from controlplane.topology.models import Cluster, ServedModel
 
 from .calibration import CalibrationBook
 from .costmodel import DEFAULT_PARAMS, Link, ModelSpec, WorkerShape, gpu_profile_for
-from .derive import PEAK_DECAY, _num, derive_load, worst_p95
+from .derive import PEAK_DECAY, _num, carry_mix, derive_load, worst_p95
 from .models import OPEN_STATUSES, ModelPlannerState, Plan
 from .placement import NicInput, NodeLinks, WorkerInput
 from .planner import LoadInput, ModelInput
@@ -172,6 +172,9 @@ def gather_cluster(cluster: Cluster) -> ClusterInputs:
                 ttft = stats.ttft_p95_s if stats.ttft_p95_s is not None else ttft
                 itl = stats.itl_p95_s if stats.itl_p95_s is not None else itl
                 source = f"fleet histograms ({stats.source}, {stats.window_s:g} s)"
+        # A window without finished requests keeps the last mix with traffic (the load the
+        # planner was given last cycle), so the planned peak is priced with real prompts.
+        load, carried = carry_mix(load, (state.last_inputs or {}).get("load"))
         measured[sm.pk] = (ttft, itl, source)
         # The overload rule reads the measured p95s too (ms; None = unknown).
         load = replace(
@@ -187,7 +190,7 @@ def gather_cluster(cluster: Cluster) -> ClusterInputs:
             f"model error: the {e['metric']} calibration factor wants {e['wanted']:.2f}, "
             f"outside [0.5, 2] (held at {e['held_at']:g}) for workload bucket {bucket}"
             for e in cal.model_errors()
-        )
+        ) + ((carried,) if carried else ())
         models.append(ModelInput(
             served_model_id=sm.pk, model=model_spec(sm), shape=WorkerShape(gpu, tp),
             workers=tuple(winputs), load=load, policy=policy, node_links=links,

@@ -192,6 +192,10 @@ def predict_aggregated(
     var_s = sum((s - mean_s) ** 2 for s in services) / POINTS
     cv2 = var_s / mean_s ** 2 if mean_s > 0 else 0.0
     over, wait_p95, queue_p95 = _dispatch_wait(w, mean_s, workers, cv2, params)
+    # Nothing to prefill (every prompt fully cached, or no prompt at all): one point, the
+    # first token is one decode step. Averaged over its own points, not over POINTS: a
+    # one-point list divided by eight scored a no-prompt load 12.5 % within targets, and
+    # the demo's idle 8B model split for it (issue 17).
     fixed = services if mean_u > 0 else [t_d]
     # Eight points resolve a queue's tail, not the p95 of the service itself: that is the
     # p95 prompt's own prefill (what sets TTFT p95 when nobody waits).
@@ -199,7 +203,7 @@ def predict_aggregated(
     s95 = _chunked_service(timing, batch, ctx, *_tail_work(w, p95_len), chunk)
     ttft_p95 = max(_mixture_p95(fixed, over, wait_p95), s95 if mean_u > 0 else 0.0) * k
     slo_left = w.ttft_slo_s / k
-    p_ttft = sum(1.0 - over(slo_left - s) if s < slo_left else 0.0 for s in fixed) / POINTS
+    p_ttft = sum(1.0 - over(slo_left - s) if s < slo_left else 0.0 for s in fixed) / len(fixed)
     # Token gaps: pure decode steps, and steps carrying a chunk of each quantile's prompt.
     n_all = sum(len(s) for s in steps) or 1
     gaps = [(t_d, 1.0 - f)] + [(x, f / n_all) for mine in steps for x in mine]

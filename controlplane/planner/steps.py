@@ -329,7 +329,12 @@ def gate(inp: ModelInput, obs: Observation, cv: CandidateVerdict, ch: ChoiceVerd
     w_plan = workload_for(inp.load, pol, obs.plan_rate_rps)
 
     def preds(p: int) -> tuple[Prediction, Prediction]:
-        now_p = next((c for c in cv.candidates if c.n_prefill == p), None)
+        # On the basis the hold option is scored on: the load now and the planned load.
+        # With no traffic now the candidates were searched at the planned load, so they are
+        # not "now" predictions; comparing one of them with the hold option at rate 0 made
+        # any target "keep up now" against a hold that serves nothing (issue 17).
+        now_p = next((c for c in cv.candidates if c.n_prefill == p), None) if (
+            obs.rate_rps > 0) else None
         now_p = now_p or predict(inp, p, w_now, topo)
         plan_p = cv.at_plan.get(p) or predict(inp, p, w_plan, topo)
         return now_p, plan_p

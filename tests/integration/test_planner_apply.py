@@ -225,3 +225,24 @@ def test_the_decision_record_is_stored_with_the_plan_and_the_state(h200_cluster)
     move = state.last_record["observe"]["move"]
     assert move["target_layout"] == plan.target_layout and move["step"] == 1
     assert state.last_record["label"].startswith(f"aggregated → {plan.target_layout}, step 1 of")
+
+
+def test_a_window_without_finished_requests_keeps_the_last_mix(h200_cluster):
+    """Issue 17: the demo's idle model was planned for its decaying peak with 0-token
+    prompts (and split for it). A window with no traffic keeps the last window's mix."""
+    from controlplane.planner.inputs import gather_cluster
+
+    write_hot_state(h200_cluster, rag_load)
+    run_planning(h200_cluster)
+    idle = {"running": 0, "waiting": 0, "kv_usage": 0.0, "prompt_tokens_per_s": 0.0,
+            "generation_tokens_per_s": 0.0}
+    write_hot_state(h200_cluster, lambda w: dict(idle), received_at=time.time() + 1)
+    (inp,) = gather_cluster(h200_cluster).models
+    assert inp.load.rate_rps == 0.0 and inp.load.peak_rps > 0
+    assert inp.load.isl_mean == pytest.approx(4000.0, rel=1e-3)
+    assert inp.load.osl_mean == pytest.approx(300.0, rel=1e-3)
+    assert any("finished no request" in note for note in inp.notes), inp.notes
+    run_planning(h200_cluster)
+    state = ModelPlannerState.objects.get(served_model__cluster=h200_cluster)
+    assert "prompts 4,000 tokens" in state.last_explanation, state.last_explanation
+    assert "last window's with traffic" in state.last_explanation
