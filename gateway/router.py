@@ -5,7 +5,7 @@ engine time)::
 
     uncached(w)  = request_blocks − min(overlap_weight × cached_blocks(w), request_blocks)
     prefill_term = load_weight × (queued_blocks(w) + uncached(w))
-    decode_term  = in_flight(w) × max(uncached(w), mean_kv_per_request)
+    decode_term  = stall_weight(w) × in_flight(w) × max(uncached(w), mean_kv_per_request)
     cost(w)      = prefill_term + decode_term
 
 The prefill term is Dynamo's (the request's own wait for its first token: prefill queued
@@ -20,6 +20,15 @@ onto a few crowded workers while long ones take the rest, so workers would serve
 unequal numbers of requests. With the floor, a cache hit lowers the request's own wait but
 never makes a crowded worker look free (the decode term still counts its requests), and
 the term scales with the fleet's own pressure rather than a fixed threshold.
+
+``stall_weight(w)`` (:func:`stall_weight`; the mean over the worker's requests in flight)
+converts a stall into the new request's wait as the SLO sees them: a stall raises a
+request's mean ITL by the stall ÷ its output tokens, so measured against the ITL target it
+weighs ``ttft_itl_ratio`` (TTFT target ÷ ITL target, from the table) ÷ output tokens of a
+wait measured against the TTFT target, at most 1. Long answers absorb a stall that sinks a
+short one: without it a long prompt was sent behind a deep prefill queue to spare twelve
+400-token answers a stall worth ~1 ms of ITL each (Azure conversation at 2×, its TTFT
+missed; docs/benchmarks.md). Without the ratio in the table every stall counts in full.
 
 Dynamo's decode term (KV blocks of the worker's running requests + this request's) is
 where the request's KV arrives by transfer and stalls nothing (the decode stage of P/D),
@@ -87,6 +96,14 @@ class WorkerLoad:
     prefill_blocks: float = 0.0
     decode_blocks: float = 0.0
     in_flight: int = 0
+    # This process's own requests here and the sum of their stall weights (see
+    # :func:`stall_weight`). Kept per process (sibling gateways share only the three above):
+    # the cost uses their mean, times ``in_flight``.
+    own_requests: int = 0
+    stall_weight_sum: float = 0.0
+
+    def mean_stall_weight(self, default: float = 1.0) -> float:
+        return self.stall_weight_sum / self.own_requests if self.own_requests > 0 else default
 
 
 @dataclass(frozen=True)
@@ -105,6 +122,8 @@ class RoutePlan:
     reason: str
     cached_tokens: int = 0
     scores: list[Scored] = field(default_factory=list)
+    ttft_itl_ratio: float = 0.0  # the model's, for LoadReservation's stall weight
+
 
     @property
     def disaggregated(self) -> bool:
@@ -119,6 +138,23 @@ def blocks_for(tokens: int, block_size: int) -> int:
     return max(math.ceil(tokens / max(block_size, 1)), 0)
 
 
+def stall_weight(output_tokens: int, ttft_itl_ratio: float) -> float:
+    """How much a stall of one unit of time to a request in flight counts against the same
+    time added to a new request's own wait: ``min(1, ttft_itl_ratio / output_tokens)``.
+
+    SLOs judge the first token against a TTFT target and the decode by its mean ITL against
+    an ITL target. A stall of *s* raises a request's mean ITL by *s* / its output tokens;
+    measured against the targets that is (s / output) / ITL target, against s / TTFT target
+    for a wait — a ratio of ``ttft_itl_ratio / output`` (TTFT target ÷ ITL target). A long
+    answer absorbs a stall that would sink a short one. Never more than 1: a stall also
+    delays that request's end by *s*, no more than the same wait delays the new one's start
+    (and 1 is the form measured before, issue 18). ``ttft_itl_ratio`` 0 (absent from the
+    table): 1, every stall in full."""
+    if ttft_itl_ratio <= 0:
+        return 1.0
+    return min(1.0, ttft_itl_ratio / max(output_tokens, 1))
+
+
 def cost_of(
     worker_id: str,
     load: WorkerLoad,
@@ -130,20 +166,22 @@ def cost_of(
     use_cache: bool = True,
     kv_reuse: bool = False,
     stall_floor: float | None = None,
+    stall_weight: float = 1.0,
 ) -> Scored:
     """Dynamo's cost. With ``kv_reuse`` the decode term counts only the KV blocks the
     request adds: with prefix caching its cached blocks are shared, not copied.
 
     With ``stall_floor`` (blocks; the gateway passes the mean KV of a request in flight)
     the decode term is instead the *stall* this request's prefill brings to the decodes on
-    the worker: ``in_flight × max(uncached blocks, stall_floor)`` (see the module doc)."""
+    the worker: ``stall_weight × in_flight × max(uncached blocks, stall_floor)`` (see the
+    module doc; ``stall_weight`` is the mean :func:`stall_weight` of those requests)."""
     # The credit offsets this request's own prompt blocks only, never the work queued ahead
     # of it: a cached prefix cannot make an overloaded worker look idle.
     credit = min(overlap_weight * cached_blocks, request_blocks) if use_cache else 0.0
     uncached = request_blocks - credit
     prefill = load_weight * (max(load.prefill_blocks, 0.0) + uncached)
     if stall_floor is not None:
-        decode = max(load.in_flight, 0) * max(uncached, stall_floor)
+        decode = stall_weight * max(load.in_flight, 0) * max(uncached, stall_floor)
     else:
         added = request_blocks - (min(cached_blocks, request_blocks)
                                   if kv_reuse and use_cache else 0)
@@ -270,9 +308,11 @@ class LoadReservation:
     adds there: its uncached prompt blocks (cached ones are shared by prefix caching; with
     remote prefill all arrive by transfer) plus its output. :meth:`prefill_done` when the
     prompt is computed (remote prefill answered, or the first token), :meth:`release` when
-    the request ends in any way."""
+    the request ends in any way. The decode worker also counts the request among its own
+    with its :func:`stall_weight` (from its output tokens and the plan's
+    ``ttft_itl_ratio``)."""
 
-    __slots__ = ("decode", "loads", "prefill")
+    __slots__ = ("decode", "loads", "prefill", "weight")
 
     def __init__(self, loads: defaultdict[str, WorkerLoad], plan: RoutePlan, prompt_tokens: int,
                  output_tokens: int, block_size: int) -> None:
@@ -287,6 +327,9 @@ class LoadReservation:
         load = loads[plan.decode]
         load.decode_blocks += added
         load.in_flight += 1
+        self.weight = stall_weight(output_tokens, plan.ttft_itl_ratio)
+        load.own_requests += 1
+        load.stall_weight_sum += self.weight
 
     def prefill_done(self) -> None:
         if self.prefill is not None:
@@ -302,6 +345,9 @@ class LoadReservation:
             load = self.loads[worker_id]
             load.decode_blocks = max(load.decode_blocks - blocks, 0.0)
             load.in_flight = max(load.in_flight - 1, 0)
+            load.own_requests = max(load.own_requests - 1, 0)
+            load.stall_weight_sum = (max(load.stall_weight_sum - self.weight, 0.0)
+                                     if load.own_requests else 0.0)
             self.decode = None
 
 
@@ -309,6 +355,12 @@ def transfer_penalty(request_blocks: float, src: WorkerEntry, dst_id: str) -> fl
     path = src.kv_paths.get(dst_id)
     gbps = path.bandwidth_gbps if path and path.bandwidth_gbps > 0 else UNKNOWN_PATH_GBPS
     return request_blocks * TRANSFER_WEIGHT * min(max(REF_GBPS / gbps, 0.01), 40.0)
+
+
+def _plan(model: ModelRoute, *args) -> RoutePlan:
+    plan = RoutePlan(*args)
+    plan.ttft_itl_ratio = model.ttft_itl_ratio
+    return plan
 
 
 def plan_request(
@@ -353,26 +405,33 @@ def plan_request(
 
     # The mean KV a request in flight holds, fleet-wide: the least stall a prefill is
     # charged per request it runs beside (the cost's decode term, module doc).
-    in_flight = kv_in_flight = 0.0
+    in_flight = kv_in_flight = own = weight_sum = 0.0
     for w in active:
         load = loads.get(w.id)
         if load is not None:
             in_flight += load.in_flight
             kv_in_flight += load.decode_blocks
+            own += load.own_requests
+            weight_sum += load.stall_weight_sum
     stall_floor = kv_in_flight / in_flight if in_flight > 0 else float(request_blocks)
+    # How much a stall counts per request in flight (stall_weight): each worker's own mean;
+    # the fleet's where this process has none there (only sibling processes' requests).
+    fleet_weight = weight_sum / own if own > 0 else 1.0
 
     def score(workers, use_cache=True, prefills_here=True) -> list[Scored]:
         """``prefills_here``: the worker computes the prompt itself (else the decode term
         is Dynamo's KV load: the KV arrives by transfer and stalls nothing)."""
         floor = stall_floor if prefills_here else None
-        return [
-            cost_of(
-                w.id, loads.get(w.id, WorkerLoad()), request_blocks, cached_blocks(w),
+        out = []
+        for w in workers:
+            load = loads.get(w.id, WorkerLoad())
+            out.append(cost_of(
+                w.id, load, request_blocks, cached_blocks(w),
                 overlap_weight=model.kv_overlap_weight, load_weight=model.load_weight,
                 use_cache=use_cache, kv_reuse=True, stall_floor=floor,
-            )
-            for w in workers
-        ]
+                stall_weight=load.mean_stall_weight(fleet_weight),
+            ))
+        return out
 
     decoders = [w for w in active if w.can_decode]
     prefillers = [w for w in active if w.role == "prefill" or w.role == "both"]
@@ -385,7 +444,7 @@ def plan_request(
         chosen, followed = choose(scores)
         if followed:
             reason = "kv_prefix"
-        return RoutePlan(chosen.worker_id, None, reason,
+        return _plan(model, chosen.worker_id, None, reason,
                          int(chosen.cached_blocks * bs), scores)
 
     # P/D: decode first. In conditional mode the decode worker may prefill locally, so its
@@ -407,10 +466,11 @@ def plan_request(
     decode_cached = min(cached_tokens.get(decode.worker_id, 0), prompt_tokens)
     uncached = prompt_tokens - decode_cached
     if conditional and uncached <= model.local_prefill_max_tokens:
-        return RoutePlan(decode.worker_id, None, "pd_local_prefill", decode_cached, decode_scores)
+        return _plan(model, decode.worker_id, None, "pd_local_prefill", decode_cached,
+                     decode_scores)
     remote = [w for w in prefillers if w.id != decode.worker_id]
     if not remote:
-        return RoutePlan(decode.worker_id, None, "pd_no_prefill_worker", decode_cached,
+        return _plan(model, decode.worker_id, None, "pd_no_prefill_worker", decode_cached,
                          decode_scores)
     prefill_scores = []
     for w in remote:
@@ -423,5 +483,5 @@ def plan_request(
         cost = base.prefill_term + penalty
         prefill_scores.append(Scored(w.id, cost, base.prefill_term, penalty, base.cached_blocks))
     prefill = pick(prefill_scores, model.temperature, rng, loads)
-    return RoutePlan(decode.worker_id, prefill.worker_id, "pd_remote_prefill",
+    return _plan(model, decode.worker_id, prefill.worker_id, "pd_remote_prefill",
                      int(prefill.cached_blocks * bs), decode_scores + prefill_scores)

@@ -75,7 +75,7 @@ class WorkerEntry:
 # Routing fields a table may carry (else ModelRoute's defaults apply).
 OPTIONAL_ROUTING = ("prefix_min_match", "imbalance_abs", "imbalance_rel",
                     "cache_balance_band", "first_token_deadline_ms",
-                    "affinity_load_factor", "affinity_kv_limit")
+                    "affinity_load_factor", "affinity_kv_limit", "ttft_itl_ratio")
 
 
 @dataclass(frozen=True)
@@ -109,6 +109,10 @@ class ModelRoute:
     # cancelled upstream and answered 503 (load shedding; policy shed_after_ttft_factor ×
     # the TTFT target). 0: never.
     first_token_deadline_ms: float = 0.0
+    # The SLO's TTFT target ÷ its ITL target (the builder: policy ttft_p95_ms ÷ itl_p95_ms):
+    # the cost counts a stall to a request in flight with more output tokens than this by
+    # this ÷ its output tokens (gateway.router.stall_weight). 0: every stall in full.
+    ttft_itl_ratio: float = 0.0
 
     def __post_init__(self) -> None:
         # Built once when the table is applied; a request looks workers up in O(1).

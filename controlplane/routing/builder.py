@@ -104,6 +104,7 @@ def _build_model(model, nodes, fabrics) -> dict[str, Any]:
             "temperature": float(policy.get("routing_temperature", 0.0)),
             **_affinity(policy),
             **_deadline(policy),
+            **_slo_ratio(policy),
         },
         "disaggregation": {
             "local_prefill_max_tokens": int(policy.get("local_prefill_max_tokens", 512)),
@@ -135,6 +136,16 @@ def _deadline(policy: dict) -> dict:
     if factor <= 0 or ttft <= 0:
         return {}
     return {"first_token_deadline_ms": round(factor * ttft, 3)}
+
+
+def _slo_ratio(policy: dict) -> dict:
+    """TTFT target ÷ ITL target: how the router weighs a stall to a request in flight
+    against a new request's wait (gateway.router.stall_weight)."""
+    ttft = float(policy.get("ttft_p95_ms", 0.0) or 0.0)
+    itl = float(policy.get("itl_p95_ms", 0.0) or 0.0)
+    if ttft <= 0 or itl <= 0:
+        return {}
+    return {"ttft_itl_ratio": round(ttft / itl, 6)}
 
 
 def _mode(requested: str, workers) -> tuple[str, str]:
