@@ -41,8 +41,11 @@ class GatewayRouter:
 
     def __init__(self, policy: dict[str, Any] | None = None, *, precise: bool = False,
                  approx_ttl_s: float = 120.0, seed: int = 0,
-                 kv_tokens: int | None = None) -> None:
+                 kv_tokens: int | None = None,
+                 routing: dict[str, Any] | None = None) -> None:
         self.policy = {**default_policy(), **(policy or {})}
+        # Routing fields set over the builder's (a benchmark's "before" variant).
+        self.routing = dict(routing or {})
         self.approx = ApproxPrefixIndex(ttl_s=approx_ttl_s)
         self.precise = PreciseIndex() if precise else None
         self.wants_kv_events = precise
@@ -66,6 +69,7 @@ class GatewayRouter:
         if key != self._table_key:
             self.table = build_table(fleet_snapshot(fleet, self.policy))
             self.table["version"] = fleet.roles_version + 1
+            self.table["models"][0]["routing"].update(self.routing)
             if self.kv_tokens is not None:
                 for entry in self.table["models"][0]["workers"]:
                     entry["capacity"]["kv_tokens"] = int(self.kv_tokens)
