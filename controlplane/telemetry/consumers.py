@@ -5,6 +5,10 @@ hello inventory → hand the Redis commands to the process's batching writer →
 ack). No database access and no channel-layer send happen per report. Anything wrong with
 a frame is answered with a typed ``error`` frame and dropped; the consumer never crashes on
 input, and one node's garbage cannot affect another node's connection.
+
+The consumer is glue: frame rates are metered in :mod:`.framelimits`, the hello's database
+work (the welcome's quick read, the inventory reconcile) is :mod:`.reconcile`'s, and the
+node's live-connection marker is kept by :mod:`.hotstate`.
 """
 
 from __future__ import annotations
@@ -12,18 +16,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections import deque
 
 import orjson
 from channels.generic.websocket import AsyncWebsocketConsumer
-from django.conf import settings
 
 from controlplane.observability import metrics as obs
 from workers_agent import protocol as proto
 
 from . import dbpool, hotstate
+from .framelimits import max_reports_per_s, report_burst, take_token
 from .ingest import STALE, NodeContext, index_commands, report_commands
 
 log = logging.getLogger(__name__)
@@ -32,44 +35,6 @@ HELLO_TIMEOUT_S = 10.0
 ERROR_WINDOW_S = 10.0
 ERROR_LIMIT = 200  # errors per window before the connection is dropped (4008)
 
-# Per-node, per-frame-kind token buckets, shared by every connection of this process so
-# reconnecting does not refill a flooding node's bucket. Reports use the configured rate;
-# the other kinds (each costs a database call) use FRAME_RATES (issue 20, defect 8).
-_buckets: dict[tuple[int, str], proto.TokenBucket] = {}
-FRAME_RATES = {  # kind: (frames per second, burst)
-    "hello": (2.0, 30.0),  # reconnects of one node
-    "inventory": (0.2, 5.0),  # each one reconciles the node's rows
-    "command_result": (20.0, 100.0),
-}
-
-# Lua: claim the node's live marker for a new connection; returns the previous channel.
-_CLAIM_LUA = """
-local old = redis.call('HGET', KEYS[1], 'channel')
-redis.call('HSET', KEYS[1], 'gen', ARGV[1], 'channel', ARGV[2], 'connected_at', ARGV[3])
-redis.call('HDEL', KEYS[1], 'disconnected_at')
-return old
-"""
-# Lua: release it only if this connection's generation is still the current one.
-_RELEASE_LUA = """
-if redis.call('HGET', KEYS[1], 'gen') == ARGV[1] then
-  redis.call('HDEL', KEYS[1], 'channel')
-  redis.call('HSET', KEYS[1], 'disconnected_at', ARGV[2])
-  return 1
-end
-return 0
-"""
-
-
-def max_reports_per_s() -> float:
-    return float(getattr(settings, "TELEMETRY_MAX_REPORTS_PER_S", None) or os.environ.get(
-        "PDPLANE_AGENT_MAX_REPORTS_PER_S", proto.DEFAULT_MAX_REPORTS_PER_S))
-
-
-def report_burst() -> float:
-    return float(getattr(settings, "TELEMETRY_REPORT_BURST", None) or os.environ.get(
-        "PDPLANE_AGENT_REPORT_BURST", proto.DEFAULT_REPORT_BURST))
-
-
 def bearer_token(scope) -> str:
     for name, value in scope.get("headers", []):
         if name == b"authorization":
@@ -77,18 +42,6 @@ def bearer_token(scope) -> str:
             if scheme.lower() == "bearer":
                 return token.strip()
     return ""
-
-
-def take_token(node_id: int, kind: str) -> proto.TokenBucket | None:
-    """None when a frame of ``kind`` from the node may proceed; else the empty bucket."""
-    key = (node_id, kind)
-    bucket = _buckets.get(key)
-    now = time.monotonic()
-    if bucket is None:
-        rate, burst = (max_reports_per_s(), report_burst()) if kind == "report" \
-            else FRAME_RATES[kind]
-        bucket = _buckets[key] = proto.TokenBucket(rate, burst, now)
-    return None if bucket.take(now) else bucket
 
 
 class AgentConsumer(AsyncWebsocketConsumer):
@@ -258,8 +211,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
         # change log, node status) follows in the background. A storm of first hellos is
         # then welcomed at once instead of queueing behind each other's reconciles (issue
         # 20, defect 9); reports wait for their connection's reconcile (see on_report).
+        from .reconcile import known_engines
+
         try:
-            known, unmatched = await dbpool.run(_known_engines, self.node.pk,
+            known, unmatched = await dbpool.run(known_engines, self.node.pk,
                                                 self.node.cluster_id, msg["inventory"])
         except Exception:
             await self._store_failed()
@@ -274,14 +229,13 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.inventory = proto.Inventory.from_hello(msg["inventory"])
         writer = hotstate.get_writer()
         await writer.submit(index_commands(self.ctx, keys))
-        old_channel = await redis.eval(_CLAIM_LUA, 1, keys.live(self.node.pk), gen,
-                                       self.channel_name or "", time.time())
-        if old_channel and old_channel.decode() != self.channel_name and self.channel_layer:
+        old_channel = await hotstate.claim_live(self.node.pk, gen, self.channel_name or "")
+        if old_channel and old_channel != self.channel_name and self.channel_layer:
             # The same node connected again: the newest connection wins. Best effort: after
             # a crash of the old server its channels are gone, and their full inbox
             # (ChannelFull) must not cost the new connection its welcome.
             try:
-                await self.channel_layer.send(old_channel.decode(),
+                await self.channel_layer.send(old_channel,
                                               {"type": "agent.superseded", "gen": gen})
             except Exception as exc:
                 log.debug("superseded hint to %s not sent: %r", old_channel, exc)
@@ -296,14 +250,18 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.reconciling = asyncio.get_running_loop().create_task(self._reconcile(
             msg["agent_version"], version, msg["inventory"],
             self._agent_metrics_url(msg.get("metrics_port"))))
-        for frame in await dbpool.run(_claim_pending_commands, self.node.pk):
+        from .commands import pending_frames
+
+        for frame in await dbpool.run(pending_frames, self.node.pk):
             await self.send_json(frame)
 
     async def _reconcile(self, agent_version, version, inventory, metrics_url="") -> None:
         """Store the announced inventory (the hello's or an inventory frame's)."""
+        from . import reconcile
+
         try:
-            result = await dbpool.run_bulk(_accept_hello, self.node.pk, agent_version,
-                                           version, inventory, metrics_url)
+            result = await dbpool.run_bulk(reconcile.accept_hello, self.node.pk,
+                                           agent_version, version, inventory, metrics_url)
         except Exception:
             await self._store_failed()
             return
@@ -472,58 +430,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
         with contextlib.suppress(Exception):  # its node status update must come first
             await self._reconciled()
         try:
-            released = await hotstate.async_redis().eval(
-                _RELEASE_LUA, 1, hotstate.Keys().live(self.ctx.node_id), self.ctx.gen,
-                time.time())
-            if released:
+            if await hotstate.release_live(self.ctx.node_id, self.ctx.gen):
                 from .liveness import mark_disconnected
 
                 await dbpool.run(mark_disconnected, self.ctx.node_id)
         except Exception as exc:
             log.warning("disconnect bookkeeping for node %s failed: %s", self.ctx.node_id, exc)
-
-
-def _accept_hello(node_id: int, agent_version, protocol_version, inventory: dict,
-                  agent_metrics_url: str | None = None):
-    from django.db import transaction
-    from django.utils import timezone
-
-    from controlplane import audit
-    from controlplane.topology.choices import NodeStatus
-    from controlplane.topology.models import Node
-
-    from .reconcile import reconcile_inventory
-
-    with transaction.atomic():
-        # The row lock serialises reconciles of one node (an old and a new connection may
-        # overlap); reconciles of different nodes run side by side.
-        node = Node.objects.select_for_update().get(pk=node_id)
-        with audit.actor_node(node):  # inventory changes are the node's, in the change log
-            result = reconcile_inventory(node, inventory)
-    updates = {"status": NodeStatus.ONLINE, "last_seen": timezone.now()}
-    if agent_version is not None:
-        updates.update(agent_version=agent_version[:32], agent_protocol=protocol_version)
-    if agent_metrics_url is not None:
-        updates["agent_metrics_url"] = agent_metrics_url
-    Node.objects.filter(pk=node_id).exclude(status=NodeStatus.MAINTENANCE).update(**updates)
-    return result
-
-
-def _known_engines(node_id: int, cluster_id: int, inventory: dict
-                   ) -> tuple[dict[str, int | None], list[str]]:
-    """For the welcome: engine id → existing worker id (None if not yet a worker), and the
-    engines whose model this cluster does not serve (they stay unmatched, as reconcile says)."""
-    from controlplane.topology.models import ServedModel, Worker
-
-    existing = dict(Worker.objects.filter(node_id=node_id).values_list("name", "pk"))
-    served = set(ServedModel.objects.filter(cluster_id=cluster_id).values_list("name",
-                                                                                flat=True))
-    engines = inventory.get("engines", [])
-    known = {e["id"]: existing.get(e["id"]) for e in engines}
-    return known, [e["id"] for e in engines if e.get("model") not in served]
-
-
-def _claim_pending_commands(node_id: int) -> list[dict]:
-    from .commands import pending_frames
-
-    return pending_frames(node_id)

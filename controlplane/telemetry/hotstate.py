@@ -332,3 +332,36 @@ def live_connection(node_id: int) -> dict:
     """The node's current connection marker: gen, channel, connected_at, disconnected_at."""
     raw = sync_redis().hgetall(Keys().live(node_id))
     return {k.decode(): v.decode() for k, v in raw.items()}
+
+
+# Lua: claim the node's live marker for a new connection; returns the previous channel.
+_CLAIM_LUA = """
+local old = redis.call('HGET', KEYS[1], 'channel')
+redis.call('HSET', KEYS[1], 'gen', ARGV[1], 'channel', ARGV[2], 'connected_at', ARGV[3])
+redis.call('HDEL', KEYS[1], 'disconnected_at')
+return old
+"""
+# Lua: release it only if this connection's generation is still the current one.
+_RELEASE_LUA = """
+if redis.call('HGET', KEYS[1], 'gen') == ARGV[1] then
+  redis.call('HDEL', KEYS[1], 'channel')
+  redis.call('HSET', KEYS[1], 'disconnected_at', ARGV[2])
+  return 1
+end
+return 0
+"""
+
+
+async def claim_live(node_id: int, gen: int, channel: str) -> str | None:
+    """Make connection ``gen`` (channel-layer name ``channel``) the node's current one;
+    returns the channel of the connection it takes over from, if it had one."""
+    old = await async_redis().eval(_CLAIM_LUA, 1, Keys().live(node_id), gen, channel,
+                                   time.time())
+    return old.decode() if old else None
+
+
+async def release_live(node_id: int, gen: int) -> bool:
+    """Mark the node's connection closed, if connection ``gen`` is still its current one
+    (a late disconnect of an older socket changes nothing)."""
+    return bool(await async_redis().eval(_RELEASE_LUA, 1, Keys().live(node_id), gen,
+                                         time.time()))

@@ -18,8 +18,10 @@ import logging
 from dataclasses import dataclass, field
 
 from django.db import transaction
+from django.utils import timezone
 
-from controlplane.topology.choices import EngineKind, Role, Transport, WorkerState
+from controlplane import audit
+from controlplane.topology.choices import EngineKind, NodeStatus, Role, Transport, WorkerState
 from controlplane.topology.models import GPU, NIC, Node, ServedModel, Worker
 
 log = logging.getLogger(__name__)
@@ -40,6 +42,37 @@ def reconcile_inventory(node: Node, inventory: dict) -> ReconcileResult:
     _reconcile_nics(node, inventory.get("nics", []), result)
     _reconcile_engines(node, inventory.get("engines", []), result)
     return result
+
+
+def accept_hello(node_id: int, agent_version, protocol_version, inventory: dict,
+                 agent_metrics_url: str | None = None) -> ReconcileResult:
+    """Store an announced inventory (a hello's, or an inventory frame's with no agent
+    version) and mark the node online, unless an operator holds it in maintenance."""
+    with transaction.atomic():
+        # The row lock serialises reconciles of one node (an old and a new connection may
+        # overlap); reconciles of different nodes run side by side.
+        node = Node.objects.select_for_update().get(pk=node_id)
+        with audit.actor_node(node):  # inventory changes are the node's, in the change log
+            result = reconcile_inventory(node, inventory)
+    updates = {"status": NodeStatus.ONLINE, "last_seen": timezone.now()}
+    if agent_version is not None:
+        updates.update(agent_version=agent_version[:32], agent_protocol=protocol_version)
+    if agent_metrics_url is not None:
+        updates["agent_metrics_url"] = agent_metrics_url
+    Node.objects.filter(pk=node_id).exclude(status=NodeStatus.MAINTENANCE).update(**updates)
+    return result
+
+
+def known_engines(node_id: int, cluster_id: int, inventory: dict
+                  ) -> tuple[dict[str, int | None], list[str]]:
+    """For the welcome: engine id → existing worker id (None if not yet a worker), and the
+    engines whose model this cluster does not serve (they stay unmatched, as reconcile says)."""
+    existing = dict(Worker.objects.filter(node_id=node_id).values_list("name", "pk"))
+    served = set(ServedModel.objects.filter(cluster_id=cluster_id).values_list("name",
+                                                                                flat=True))
+    engines = inventory.get("engines", [])
+    known = {e["id"]: existing.get(e["id"]) for e in engines}
+    return known, [e["id"] for e in engines if e.get("model") not in served]
 
 
 def nvlink_groups(gpus: list[dict]) -> dict[int, int]:

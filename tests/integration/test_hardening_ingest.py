@@ -12,7 +12,7 @@ import orjson
 import pytest
 from django.db import OperationalError
 
-from controlplane.telemetry import consumers, hotstate
+from controlplane.telemetry import consumers, framelimits, hotstate, reconcile
 from controlplane.telemetry.ingest import NodeContext, index_commands, report_commands
 from controlplane.telemetry.tokens import issue_token
 from controlplane.topology.models import GPU, Node, Worker
@@ -52,7 +52,7 @@ def test_defect3_database_error_during_hello_closes_with_a_typed_error(fleet, mo
     def broken(*args, **kwargs):
         raise OperationalError("server closed the connection unexpectedly")
 
-    monkeypatch.setattr(consumers, "_accept_hello", broken)
+    monkeypatch.setattr(reconcile, "accept_hello", broken)
 
     async def scenario():
         comm = await connect(token_a)
@@ -125,14 +125,14 @@ def test_defect6_old_connection_reports_after_newer_welcome_are_neither_applied_
 def test_defect8_inventory_flood_is_rate_limited_before_the_database(fleet, monkeypatch):
     _c, _a, token_a, _b, token_b = fleet
     calls = []
-    real = consumers._accept_hello
+    real = reconcile.accept_hello
 
     def counting(*args, **kwargs):
         calls.append(args[0])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(consumers, "_accept_hello", counting)
-    burst = int(consumers.FRAME_RATES["inventory"][1])
+    monkeypatch.setattr(reconcile, "accept_hello", counting)
+    burst = int(framelimits.FRAME_RATES["inventory"][1])
 
     async def scenario():
         ca, cb = await connect(token_a), await connect(token_b)
@@ -166,13 +166,13 @@ def test_defect9_hellos_of_different_nodes_are_stored_side_by_side(fleet, monkey
     cluster, _a, _ta, _b, _tb = fleet
     nodes = [Node.objects.create(cluster=cluster, hostname=f"par-{i}") for i in range(6)]
     tokens = [issue_token(n) for n in nodes]
-    real = consumers._accept_hello
+    real = reconcile.accept_hello
 
     def slow(*args, **kwargs):
         time.sleep(2.0)  # a slow database: 6 serialised hellos would take 12 s
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(consumers, "_accept_hello", slow)
+    monkeypatch.setattr(reconcile, "accept_hello", slow)
 
     async def one(node, token):
         comm = await connect(token)

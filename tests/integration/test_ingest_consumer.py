@@ -23,9 +23,9 @@ def redis_prefix(settings):
     settings.TELEMETRY_REDIS_PREFIX = f"test:{uuid.uuid4().hex[:8]}:"
     settings.TELEMETRY_MAX_REPORTS_PER_S = 50
     settings.TELEMETRY_REPORT_BURST = 50
-    from controlplane.telemetry import consumers
+    from controlplane.telemetry import framelimits
 
-    consumers._buckets.clear()
+    framelimits._buckets.clear()
     yield
     from asgiref.sync import sync_to_async
     from django.db import connections
