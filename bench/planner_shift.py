@@ -170,11 +170,12 @@ def policy_for(slo: dict, n: int) -> EffectivePolicy:
 
 
 class ProductLoop:
-    def __init__(self, cluster: dict, engines, slo: dict, phases):
+    def __init__(self, cluster: dict, engines, slo: dict, phases, model=MODEL, policy=None):
         self.cluster = cluster
+        self.model = model
         self.workers, self.links = planner_topology(cluster, engines)
         self.index = {w.name: w for w in self.workers}
-        self.policy = policy_for(slo, len(self.workers))
+        self.policy = policy or policy_for(slo, len(self.workers))
         self.phases = phases
         self.counters: dict[str, tuple] = {}
         self.changed_at: dict[str, float] = {}
@@ -194,7 +195,12 @@ class ProductLoop:
         # The per-request prompt/generation token histograms' sums over the interval,
         # per engine that streamed the answer (counted when a request finishes).
         fin: dict[str, list[int]] = {}
+        # Prefill halves an engine finished for another's decode (what its generation-token
+        # histogram's le=1 bucket shows): its finished-request counter counts them too.
+        halves: dict[str, int] = {}
         for r in snap.recent_results:
+            if r.error is None and r.prefill_engine and r.prefill_engine != r.decode_engine:
+                halves[r.prefill_engine] = halves.get(r.prefill_engine, 0) + 1
             if r.error is None and r.decode_engine:
                 acc = fin.setdefault(r.decode_engine, [0, 0])
                 acc[0] += r.prompt_tokens
@@ -213,6 +219,7 @@ class ProductLoop:
                 "prompt_tokens_per_s": d[0] / dt, "generation_tokens_per_s": d[1] / dt,
                 "prefix_hit_rate": d[2] / d[3] if d[3] else None,
                 "requests_per_s": d[4] / dt,
+                "prefill_only_requests_per_s": halves.get(e.engine_id, 0) / dt,
                 "finished_prompt_tokens_per_s": fin.get(e.engine_id, [0, 0])[0] / dt,
                 "finished_generation_tokens_per_s": fin.get(e.engine_id, [0, 0])[1] / dt,
             })
@@ -244,7 +251,7 @@ class ProductLoop:
         load = LoadInput(sm.rate_rps, max(dl.peak_rps, sm.rate_rps), sm.isl_mean, None,
                          sm.osl_mean, sm.prefix_hit, dl.inflight, dl.inflight, ttft_ms, itl_ms)
         bucket, cal = self.book.factors_for(dl.isl_mean, dl.osl_mean)
-        inp = ModelInput(1, MODEL, shape(self.cluster), tuple(workers), load, self.policy,
+        inp = ModelInput(1, self.model, shape(self.cluster), tuple(workers), load, self.policy,
                          self.links, cal.apply(DEFAULT_PARAMS), memory=self.memory)
         d = plan_model(inp, now)
         self.memory = d.memory or self.memory

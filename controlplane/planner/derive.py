@@ -7,6 +7,7 @@ virtual time, so the benchmark exercises the product's own derivation.
 Per worker, the keys read (all optional; as ingest stores an agent report): ``running``,
 ``prefix_hit_rate``, ``prompt_tokens_per_s``, ``generation_tokens_per_s``,
 ``requests_per_s`` (finished requests per second, from the engine's counter),
+``prefill_only_requests_per_s`` (of those, prefill halves of P/D requests decoded elsewhere),
 ``finished_prompt_tokens_per_s`` and ``finished_generation_tokens_per_s`` (the sums of the
 engine's per-request prompt/generation token histograms over the interval: counted when a
 request finishes, like the request counter, so their ratio is a length and not a mix of
@@ -63,8 +64,15 @@ def derive_load(
     hits = [_num(s, "prefix_hit_rate") for s in wstates
             if s.get("prefix_hit_rate") is not None
             and roles.get(s.get("worker_id")) != "decode"]
-    rate = sum(_num(s, "requests_per_s") for s in wstates
-               if roles.get(s.get("worker_id")) != "prefill")
+    # A request finishes once where its answer streams. Under P/D its prefill half also
+    # finishes (after one token) where it was prefilled: on a 'prefill' worker (not
+    # counted) or, mid-move under the gateway's router, on a 'both' worker prefilling for a
+    # 'decode' one — counted twice unless the report says how many of its finishes were
+    # such halves (``prefill_only_requests_per_s``: the engine's generation-token histogram
+    # bucket le=1). Uncorrected, "2P + 1D + 9 both" read 14 req/s for 8 offered, and the
+    # apparent load shift rolled a split back inside one RAG phase (issue 17).
+    rate = sum(max(_num(s, "requests_per_s") - _num(s, "prefill_only_requests_per_s"), 0.0)
+               for s in wstates if roles.get(s.get("worker_id")) != "prefill")
     source = "counters" if rate > 0 else "none"
     if not rate and external_rate:
         rate, source = float(external_rate), "prometheus"
@@ -83,7 +91,7 @@ def derive_load(
         # on the prefill side, and one that prefills for a decode worker counted a second
         # finish on the decode side (mid-move, under the gateway's router).
         all_prompt = sum(_num(s, "prompt_tokens_per_s") for s in wstates)
-        all_fin = sum(_num(s, "requests_per_s") for s in wstates)
+        all_fin = sum(_num(s, "requests_per_s") for s in wstates)  # halves included
         if all_prompt > 0 and all_fin > 0:
             isl = all_prompt / all_fin
     fin_prompt = sum(_num(s, "finished_prompt_tokens_per_s") for s in wstates

@@ -236,3 +236,22 @@ def test_no_traffic_now_never_moves_a_clean_layout_for_no_prefill_work(peak, isl
     if isl > 0:
         assert carried.isl_mean == isl
     assert replace(load, isl_mean=carried.isl_mean) == carried
+
+
+def test_a_both_worker_prefilling_for_a_decode_worker_counts_its_finish_once():
+    """Mid-move ("2P + 1D + 9 both" in the demo): a 'both' worker that prefills for the
+    decode worker finishes that prefill half too; reported as such, it is not a request."""
+    roles = {1: "both", 2: "decode"}
+    states = [
+        {"worker_id": 1, "requests_per_s": 3.0, "prefill_only_requests_per_s": 1.0,
+         "prompt_tokens_per_s": 3 * 6000.0, "generation_tokens_per_s": 2 * 250.0 + 1},
+        {"worker_id": 2, "requests_per_s": 1.0, "prompt_tokens_per_s": 6000.0,
+         "generation_tokens_per_s": 249.0},
+    ]
+    d = derive_load(states, roles, 256)
+    assert d.rate_rps == pytest.approx(3.0)  # 2 whole on B + 1 P/D, not 4
+    assert d.isl_mean == pytest.approx(6000.0)
+    assert d.osl_mean == pytest.approx(250.0)
+    # Without the report of halves (old agents) the rate counts it twice, as before.
+    old = [{k: v for k, v in s.items() if k != "prefill_only_requests_per_s"} for s in states]
+    assert derive_load(old, roles, 256).rate_rps == pytest.approx(4.0)
