@@ -260,6 +260,22 @@ def _infeasible(q: WhatIfQuery, model: ModelSpec, gpu, w, preds, best, attainmen
     return out
 
 
+def _kv_paths(q: WhatIfQuery, gpu) -> list[Link]:
+    """The links the arithmetic prices a prompt's KV over: with ``kv_path`` "auto" every
+    link the hardware fields give (placement picks among them); else only the form's path
+    at its rate (``kv_link_gbps`` when set), the one the layouts above were priced on — a
+    25 Gb/s path must not be shown as the node's 400 G NIC."""
+    if q.kv_path == "auto":
+        paths = [Link.nic(q.nic_gbps, q.rdma), Link.pcie(q.pcie_generation, 16)]
+        if q.nvlink_group_size > 1:
+            paths.append(Link.nvlink(gpu.nvlink_gbs or 450))
+        return paths
+    links = _node_links(q, gpu, q.gpus_per_node if q.kv_path == "nvlink" else 0)
+    if q.kv_path == "nvlink" and links.nvlink is not None:
+        return [links.nvlink]
+    return [links.pcie]  # "pcie", or "nic" (every transfer over the NIC, see _node_links)
+
+
 def _arithmetic(q: WhatIfQuery, model: ModelSpec, gpu, w) -> list[str]:
     kvb = model.kv_bytes_per_token
     nbytes = q.isl * kvb
@@ -268,10 +284,7 @@ def _arithmetic(q: WhatIfQuery, model: ModelSpec, gpu, w) -> list[str]:
         f"{q.kv_dtype_bytes:g} B = {kvb:,} B ({kvb / 1024:,.0f} KiB)",
         f"a {q.isl:,.0f}-token prompt holds {gbytes(nbytes)} of KV",
     ]
-    paths = [Link.nic(q.nic_gbps, q.rdma), Link.pcie(q.pcie_generation, 16)]
-    if q.nvlink_group_size > 1:
-        paths.append(Link.nvlink(gpu.nvlink_gbs or 450))
-    for link in paths:
+    for link in _kv_paths(q, gpu):
         lines.append(
             f"over {link.describe()}: {secs(transfer_time_s(nbytes, link, nominal=True))} at "
             f"line rate, {secs(transfer_time_s(nbytes, link, DEFAULT_PARAMS))} at the usual "

@@ -255,6 +255,26 @@ def test_whatif_kv_path_field_prices_the_transfer():
         raise AssertionError("bad kv_path accepted")
 
 
+def test_whatif_arithmetic_prices_the_kv_path_the_form_gives():
+    from controlplane.planner.whatif import WhatIfQuery, whatif
+
+    def over(**kw):
+        ans = whatif(WhatIfQuery(gpu="H200 NVL", nodes=2, rate_rps=10, nvlink_group_size=4,
+                                 **kw))
+        return [line for line in ans.arithmetic if line.startswith("over ")]
+
+    auto = over()
+    assert len(auto) == 3 and auto[0].startswith("over 100 G TCP")  # NIC, PCIe, NVLink
+    (nic,) = over(kv_path="nic", kv_link_gbps=25)
+    assert nic.startswith("over 25 G TCP: 210 ms at line rate"), nic
+    (pcie,) = over(kv_path="pcie", kv_link_gbps=200)
+    assert pcie.startswith("over PCIe 25 GB/s: 26 ms"), pcie
+    (nvl,) = over(kv_path="nvlink")
+    assert nvl.startswith("over NVLink 450 GB/s"), nvl
+    # "auto" ignores a link rate (the form says so): the arithmetic does too.
+    assert over(kv_link_gbps=25) == auto
+
+
 def test_whatif_infeasible_shapes_lead_with_the_binding_reason():
     from controlplane.planner.whatif import WhatIfQuery, whatif
 
