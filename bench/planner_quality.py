@@ -23,7 +23,8 @@ window, so the comparison is between counts of requests served within targets. (
 Routing: every run routes with the product's router — ``VirtualFleet``'s default,
 ``workers_agent.sim.gateway_routing.GatewayRouter`` (``gateway.router.plan_request`` over
 the table the control plane builds from the fleet, rebuilt as the planner changes roles,
-with the gateway's load accounting and approximate prefix index) — so a change to
+with the gateway's load accounting and approximate prefix index; the policy behind the
+table carries the run's SLO targets, as the planner's does) — so a change to
 ``gateway/router.py`` shows here.
 
 Model: Llama 3.3 70B FP8. RTX PRO 6000 workers are TP2 (a TP1 card decodes a 70B FP8 step in
@@ -64,6 +65,7 @@ from controlplane.planner.planner import (  # noqa: E402
 )
 from controlplane.policies.effective import EffectivePolicy  # noqa: E402
 from workers_agent.sim import links as simlinks  # noqa: E402
+from workers_agent.sim.gateway_routing import GatewayRouter  # noqa: E402
 from workers_agent.sim.report import percentile, summarize  # noqa: E402
 from workers_agent.sim.virtual import (  # noqa: E402
     LinkModel,
@@ -284,7 +286,9 @@ def run_fleet(cluster, workload, slo, roles=None, controller=False, warmup_s=0.0
     engines = sim_engines(cluster, roles)
     ctl = PlannerController(cluster, engines, slo) if controller else None
     deadline = deadline_factor * slo["ttft_ms"] / 1000.0 if deadline_factor > 0 else None
-    router = None  # the fleet's default: the gateway's router
+    # The gateway's router over the table built from a policy with this run's SLO targets
+    # (the table carries their ratio: how the router weighs a stall against a wait).
+    router = GatewayRouter(policy={"ttft_p95_ms": slo["ttft_ms"], "itl_p95_ms": slo["itl_ms"]})
     if ROUTER[0] == "dynamo":
         from bench.routing_baselines import DynamoCostRouter
 

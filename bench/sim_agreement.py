@@ -34,7 +34,9 @@ def virtual_run(args, workload) -> dict:
     engines = uniform_fleet(args.engines, gb.MODEL, "H200", gpus_per_node=1,
                             nvlink_group_size=None, block_size=16,
                             num_gpu_blocks=args.num_gpu_blocks or None)
-    router = GatewayRouter(kv_tokens=args.num_gpu_blocks * 16 if args.num_gpu_blocks else None)
+    # The policy's SLO targets, whose ratio the real-time gateway's table carries too.
+    router = GatewayRouter(policy={"ttft_p95_ms": args.slo_ttft_ms, "itl_p95_ms": args.slo_itl_ms},
+                           kv_tokens=args.num_gpu_blocks * 16 if args.num_gpu_blocks else None)
     fleet = VirtualFleet(engines, LinkModel(nic=links.nic(400, rdma=True)), router=router)
     result = fleet.run(workload)
     ttfts = [r.ttft * 1000 for r in result.results if r.ttft is not None]
@@ -64,6 +66,8 @@ def main() -> int:
     args = p.parse_args()
     args.limit = args.requests
     gb.KV_TOKENS[0] = max(args.num_gpu_blocks, 0) * 16
+    # Both routers weigh a stall by the same SLO (the control plane's builder emits this).
+    gb.ROUTING_OVERRIDES["ttft_itl_ratio"] = args.slo_ttft_ms / args.slo_itl_ms
     workload = gb.scaled_workload(args)
     virtual = virtual_run(args, gb.scaled_workload(args))
     runs = []
