@@ -11,6 +11,8 @@ this folder, in parallel, and shared by every test in this folder:
 Both publish KV events over ZMQ (with a replay socket) and carry the NixlConnector in
 ``kv_both`` role over UCX/TCP on loopback, so either can prefill or decode per request.
 Sharing one pair keeps the tier at one engine startup (~35-60 s) instead of three.
+``VLLMInstance.restart()`` stops one engine and starts it again on the same ports
+(test_real_engine_restart.py); the tests after it share the restarted engine.
 
 Without the venv the tier skips, unless PDPLANE_REQUIRE_REAL_VLLM is set (CI), where a
 missing install is a failure. Every process started here is killed by process group at
@@ -183,6 +185,10 @@ class VLLMInstance:
     extra_args: list[str] = field(default_factory=list)
     process: subprocess.Popen | None = None
     started_in_s: float | None = None
+    restarts: int = 0
+    stopped_in_s: float | None = None  # the last restart's stop, until its ports were free
+    # (python, model dir) of the last start: restart() relaunches exactly that.
+    _launch: tuple[Path, Path] | None = field(default=None, repr=False)
 
     @property
     def url(self) -> str:
@@ -233,10 +239,18 @@ class VLLMInstance:
             VLLM_CPU_OMP_THREADS_BIND=str(self.cpu),
             VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
             VLLM_NIXL_SIDE_CHANNEL_PORT=str(self.nixl_port),
+            # This engine's processes alone (the run marker covers both engines): restart()
+            # finds what outlived its process group without touching the other engine.
+            PDPLANE_REALVLLM_ENGINE=self.marker_value,
         )
         return env
 
+    @property
+    def marker_value(self) -> str:
+        return f"{RUN_MARKER_VALUE}-{self.name}"
+
     def start(self, python: Path, model_dir: Path) -> None:
+        self._launch = (python, model_dir)
         self._started_at = time.monotonic()
         log = self.log_path.open("wb")
         self.process = subprocess.Popen(
@@ -289,6 +303,54 @@ class VLLMInstance:
             except subprocess.TimeoutExpired:
                 continue
         self.process = None
+
+    def restart(self, timeout_s: float = STARTUP_TIMEOUT_S) -> float:
+        """Stop this engine (every process of it, by PID) and start it again with the same
+        command, environment and ports; back when it is healthy. The engines are shared by
+        the whole folder, so later tests see the same addresses (an empty cache, counters
+        and KV-event sequence from 0, like any real restart). Returns the seconds it took."""
+        assert self._launch is not None, "restart() of an engine that was never started"
+        began = time.monotonic()
+        self.stop()
+        marker = f"PDPLANE_REALVLLM_ENGINE={self.marker_value}"
+        deadline = time.monotonic() + 15
+        while pids := processes_with(marker):
+            # An engine core or worker that left the process group: gone before the new
+            # one binds the same ports.
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"vLLM {self.name}: processes {pids} survive SIGKILL")
+            time.sleep(0.2)
+        _wait_ports_released(
+            (self.port, self.kv_events_port, self.kv_replay_port, self.nixl_port), deadline
+        )
+        self.stopped_in_s = time.monotonic() - began
+        self.restarts += 1
+        # A fresh log per start (the first one stays for the SIGILL check and post-mortems).
+        first = self.log_path.name.split(".restart", 1)[0].removesuffix(".log")
+        self.log_path = self.log_path.with_name(f"{first}.restart{self.restarts}.log")
+        self.start(*self._launch)
+        self.wait_healthy(time.monotonic() + timeout_s)
+        return time.monotonic() - began
+
+
+def _wait_ports_released(ports, deadline: float) -> None:
+    """Until nothing listens on these ports any more (SO_REUSEADDR, as the engine's own
+    sockets bind: connections left in TIME_WAIT don't count)."""
+    for port in ports:
+        while True:
+            with socket.socket() as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    sock.bind(("", port))
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(
+                            f"port {port} still taken after the engine stopped") from None
+            time.sleep(0.2)
 
 
 @dataclass

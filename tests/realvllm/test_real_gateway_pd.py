@@ -30,6 +30,7 @@ pytestmark = [pytest.mark.realvllm, pytest.mark.timeout(900)]
 
 EXTERNAL = "vllm:prompt_tokens_by_source_total{'source': 'external_kv_transfer'}"
 LOCAL = "vllm:prompt_tokens_by_source_total{'source': 'local_compute'}"
+ADMIN_SECRET = "realvllm-test-secret"
 
 
 def _table_file(workdir: Path, engines_roles, mode: str) -> Path:
@@ -60,7 +61,7 @@ def _gateway(table_file: Path, workdir: Path, *extra: str) -> Iterator[str]:
     log = log_path.open("wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway", "--host", "127.0.0.1", "--port", str(port),
-         "--table", str(table_file), "--admin-secret", "realvllm-test-secret", *extra],
+         "--table", str(table_file), "--admin-secret", ADMIN_SECRET, *extra],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     log.close()
