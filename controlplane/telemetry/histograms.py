@@ -19,6 +19,14 @@ are generated and inter-token gaps happen on decode-capable engines (role decode
 prompts are prefilled and the first token is timed on prefill-capable ones (prefill or
 both). A disaggregated request's TTFT as the client sees it also includes the KV transfer
 and the decode engine's first step, which no single engine measures.
+
+Mid-move a fleet holds prefill, decode and "both" engines at once, and a "both" engine then
+also serves the prefill halves of P/D requests decoded elsewhere. Each half is a finished
+request with one generated token (vLLM's P/D prefill runs with ``max_tokens=1``), so counted
+as it is it would add a request the decode engine counts again and pull the answer length
+down. While any engine is prefill- or decode-only, a "both" engine's one-token finishes
+(its generation histogram's ``le=1`` bucket) are taken for such halves and left out of the
+request rate and answer lengths; a real one-token answer on it is left out too.
 """
 
 from __future__ import annotations
@@ -196,10 +204,29 @@ def _q(h: Histogram | None, q: float) -> float | None:
     return h.quantile(q) if h is not None else None
 
 
+def without_prefill_halves(delta: EngineDelta) -> EngineDelta:
+    """A "both" engine's window less its one-token finishes (module docstring)."""
+    gen = delta.histograms.get(GENERATION)
+    if gen is None or not gen.le or gen.le[0] > 1.0:
+        return delta  # no bucket that tells one-token answers apart: nothing to take out
+    ones = sum(n for b, n in zip(gen.le, gen.counts, strict=False) if b == 1.0) or 0.0
+    if ones <= 0:
+        return delta
+    kept = Histogram(gen.le, tuple(max(0.0, n - ones) for n in gen.counts),
+                     max(0.0, gen.sum - ones))
+    counters = dict(delta.counters)
+    if REQUESTS in counters:
+        counters[REQUESTS] = max(0.0, counters[REQUESTS] - ones)
+    return EngineDelta(delta.seconds, counters, {**delta.histograms, GENERATION: kept})
+
+
 def fleet_stats(engines: Iterable[tuple[str, EngineDelta | None]], window_s: float
                 ) -> FleetEngineStats:
     """Fleet figures from (role, delta) per engine; engines without a delta are skipped."""
     deltas = [(role, d) for role, d in engines if d is not None]
+    if any(role in ("prefill", "decode") for role, _ in deltas):
+        deltas = [(role, without_prefill_halves(d) if role == "both" else d)
+                  for role, d in deltas]
     pre, dec = _side(deltas, PREFILL_SIDE), _side(deltas, DECODE_SIDE)
     prompt, gen = _hist(pre, PROMPT), _hist(dec, GENERATION)
     ttft, itl = _hist(pre, TTFT), _hist(dec, ITL)

@@ -107,6 +107,24 @@ def test_roles_decide_which_engines_count_for_what():
     assert stats.generation_tokens_per_s == pytest.approx(3000.0)
 
 
+def test_mid_move_both_engines_prefill_halves_are_not_counted_twice():
+    # Mid-move: P prefills 100 requests that D decodes; B serves 50 of its own and
+    # prefills 50 more that D decodes too. 200 requests in 10 s, whatever the roles.
+    empty = snap(0, 0, [], [], [])
+    pre = snap(10, 100, [0.2] * 100, [4000] * 100, [1] * 100)
+    dec = snap(10, 150, [0.01] * 150, [4000] * 150, [300] * 150, [0.03] * 4500)
+    both = snap(10, 100, [0.2] * 100, [4000] * 100, [300] * 50 + [1] * 50, [0.03] * 1500)
+    engines = [("prefill", window_delta([empty, pre], 10)),
+               ("decode", window_delta([empty, dec], 10)),
+               ("both", window_delta([empty, both], 10))]
+    stats = fleet_stats(engines, 10)
+    assert stats.request_rate == pytest.approx(20.0)
+    assert stats.generation_tokens_mean == pytest.approx(300.0)
+    # Every engine "both" (aggregated): a one-token answer is a real answer and counts.
+    aggregated = fleet_stats([("both", window_delta([empty, both], 10))], 10)
+    assert aggregated.request_rate == pytest.approx(10.0)
+
+
 def test_request_rate_from_counters_is_within_5_percent_of_the_true_rate():
     """A Poisson stream over four engines, reported every 2 s: the rate derived from the
     counters over 60 s matches the stream's own rate, where the token-rate guess the planner
