@@ -31,7 +31,9 @@ Per workload: ``goodput_vs_best_static`` (whole run), ``worst_phase_vs_best_stat
 (min over phases of the planner's goodput in the phase ÷ the best static layout's in that
 phase), ``flaps`` (A → B → A inside one phase, i.e. at constant load), ``role_changes``,
 ``moves_toward_predicted_worse`` (moves whose target the cost model, recomputed here, scores
-below holding — must be 0); ``summary`` has their minima and maxima.
+below holding — must be 0); ``summary`` has their minima and maxima; ``cycles`` lists every
+cycle with its inputs. ``--live-load`` plans on each window's load as derived, as the live
+path does (the loop's smoother is the bench's own).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import random
 import sys
 import time
 import zlib
+from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,7 +66,7 @@ from prediction_accuracy import SHARED, TRACES, base_rate, scenarios  # noqa: E4
 
 from controlplane.planner.calibration import CalibrationBook, LoadPoint  # noqa: E402
 from controlplane.planner.costmodel import DEFAULT_PARAMS  # noqa: E402
-from controlplane.planner.derive import LoadSmoother, derive_load  # noqa: E402
+from controlplane.planner.derive import LoadSmoother, carry_mix, derive_load  # noqa: E402
 from controlplane.planner.placement import Topology, WorkerInput  # noqa: E402
 from controlplane.planner.planner import (  # noqa: E402
     DEFAULT_SETTINGS,
@@ -170,7 +173,8 @@ def policy_for(slo: dict, n: int) -> EffectivePolicy:
 
 
 class ProductLoop:
-    def __init__(self, cluster: dict, engines, slo: dict, phases, model=MODEL, policy=None):
+    def __init__(self, cluster: dict, engines, slo: dict, phases, model=MODEL, policy=None,
+                 smooth: bool = True):
         self.cluster = cluster
         self.model = model
         self.workers, self.links = planner_topology(cluster, engines)
@@ -183,6 +187,11 @@ class ProductLoop:
         self.memory = None
         self.book = CalibrationBook({})
         self.smooth = LoadSmoother()
+        # False: each window's load as derived, as the live path (controlplane.planner.inputs)
+        # gives it — no smoother there; a window without finished requests has rate 0 and
+        # keeps the last mix with traffic (derive.carry_mix).
+        self.smoothing = smooth
+        self.last_load: LoadInput | None = None
         self.log: list[dict] = []
         self.itl_seen: dict[str, int] = {}
 
@@ -245,11 +254,18 @@ class ProductLoop:
         roles = {w.id: w.role for w in workers}
         dl = derive_load(wstates, roles, 256, self.peak)
         self.peak = dl.peak_rps
-        self.smooth, _phase_change = self.smooth.update(dl)
-        sm = self.smooth
+        if self.smoothing:
+            self.smooth, _phase_change = self.smooth.update(dl)
+            sm = self.smooth
+        else:
+            sm = dl
         ttft_ms, itl_ms = self.fleet_p95(snap)
         load = LoadInput(sm.rate_rps, max(dl.peak_rps, sm.rate_rps), sm.isl_mean, None,
                          sm.osl_mean, sm.prefix_hit, dl.inflight, dl.inflight, ttft_ms, itl_ms)
+        if not self.smoothing:
+            load, _ = carry_mix(load, asdict(self.last_load) if self.last_load else None)
+            self.last_load = load
+            sm = load
         bucket, cal = self.book.factors_for(dl.isl_mean, dl.osl_mean)
         inp = ModelInput(1, self.model, shape(self.cluster), tuple(workers), load, self.policy,
                          self.links, cal.apply(DEFAULT_PARAMS), memory=self.memory)
@@ -265,6 +281,14 @@ class ProductLoop:
             worse = _predicted_worse(inp, d.target.n_prefill)
         self.log.append({
             "t": now, "phase": self.phase_at(now), "action": d.action, "reason": d.reason,
+            # The cycle's inputs: what this window's reports derive to before the bench's
+            # smoother, and what the window held (arrivals, finishes, and the mean prompt of
+            # the requests whose first token came in it — what the engines' prompt-token
+            # counter ÷ TTFT-histogram count would give): shows how far a load derived from
+            # finished requests trails the arrivals after a shift.
+            "derived": (round(dl.rate_rps, 2), round(dl.isl_mean), round(dl.osl_mean)),
+            "arrived": snap.arrivals_since_last, "finished": len(snap.recent_results),
+            "first_token_isl": _first_token_isl(snap, now),
             "label": d.record.label if d.record else "", "changes": len(d.changes),
             "target": d.target.layout if d.target else None,
             "target_p": d.target.n_prefill if d.target else None,
@@ -279,6 +303,13 @@ class ProductLoop:
             self.changed_at[c.worker] = now
             out.append(RoleChange(c.worker, c.to_role, d.reason))
         return out
+
+
+def _first_token_isl(snap, now: float) -> int | None:
+    dt = snap.interval_s
+    got = [r.prompt_tokens for r in (*snap.recent_results, *snap.inflight_results)
+           if r.first_token_time is not None and now - dt <= r.first_token_time < now]
+    return round(sum(got) / len(got)) if got else None
 
 
 def _predicted_worse(inp: ModelInput, target_p: int) -> bool:
@@ -310,13 +341,14 @@ def goodput(results, slo, a: float, b: float) -> float:
 
 
 def run_one(args):
-    cname, wname, p, phase_s, cycles, interval, scale = args
+    cname, wname, p, phase_s, cycles, interval, scale, *rest = args
+    smooth = rest[0] if rest else True
     DEMO_SCALE["value"] = scale
     cluster = CLUSTERS[cname]
     wl, phases, slo = build_workload(cluster, wname, phase_s, cycles)
     roles = static_roles(cluster, p) if p is not None else None
     engines = sim_engines(cluster, roles)
-    loop = ProductLoop(cluster, engines, slo, phases) if p is None else None
+    loop = ProductLoop(cluster, engines, slo, phases, smooth=smooth) if p is None else None
     deadline = 2.0 * slo["ttft_ms"] / 1000.0
     fleet = VirtualFleet(engines, sim_links(cluster), controller=loop,
                          control_interval_s=interval, queue_deadline_s=deadline)
@@ -377,6 +409,13 @@ def summarise(runs: list[dict]) -> dict:
             "calibration_factor_range": [min(factors), max(factors)] if factors else None,
             "plans": [f"{e['t']:.0f}s {e['phase']}: {e['reason']} {e['label']} → {e['target']}"
                       for e in log if e["action"] == "change"],
+            # Every cycle with its inputs (smoothed load, as derived, the window's arrivals,
+            # finishes and first-token prompt length, measured p95s), not only the changes.
+            "cycles": [f"{e['t']:.0f}s {e['phase']}: {e['action']} {e['reason']} "
+                       f"{e['label']} → {e['target']}; load {e['load']} derived "
+                       f"{e.get('derived')} arrived {e.get('arrived')} finished "
+                       f"{e.get('finished')} first-token prompt {e.get('first_token_isl')} "
+                       f"measured {e['measured_ms']}" for e in log],
         }
 
     def agg(key, fn):
@@ -410,6 +449,9 @@ def main() -> None:
                          "workers, 4 above)")
     ap.add_argument("--demo-scale", type=float, default=1.0,
                     help="multiply the demo's chat and RAG rates")
+    ap.add_argument("--live-load", action="store_true",
+                    help="the planner's load per window as the live path derives it (no "
+                         "smoother; a window without finishes has rate 0, keeps its mix)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", default="")
     args = ap.parse_args()
@@ -424,7 +466,8 @@ def main() -> None:
         if args.quick:
             stride = 2
         for w in names:
-            jobs.append((c, w, None, phase, cycles, args.interval, args.demo_scale))
+            jobs.append((c, w, None, phase, cycles, args.interval, args.demo_scale,
+                         not args.live_load))
             jobs.extend((c, w, p, phase, cycles, args.interval, args.demo_scale)
                         for p in range(0, n, stride))
     started = time.perf_counter()
@@ -440,7 +483,8 @@ def main() -> None:
     out["summary"]["wall_s"] = round(time.perf_counter() - started, 1)
     print(json.dumps(out["summary"], indent=1))
     for key, row in out["workloads"].items():
-        print(f"{key}: {json.dumps({k: v for k, v in row.items() if k != 'plans'})}")
+        brief = {k: v for k, v in row.items() if k not in ("plans", "cycles")}
+        print(f"{key}: {json.dumps(brief)}")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1, default=str))
 

@@ -1,0 +1,41 @@
+"""bench/planner_shift.py's per-cycle inputs: the first-token prompt length of a window and
+the --live-load loop (each window's load as the live path derives it, no smoother)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import planner_shift
+
+
+def _result(prompt: int, first_token_at: float | None):
+    return SimpleNamespace(prompt_tokens=prompt, first_token_time=first_token_at)
+
+
+def test_first_token_prompt_length_counts_the_requests_that_started_in_the_window():
+    # Window [30, 60): a chat request that finished in it but got its first token before
+    # (not counted), a RAG one finished in it, and one still in flight; one not started.
+    snap = SimpleNamespace(
+        interval_s=30.0,
+        recent_results=[_result(1000, 25.0), _result(4000, 41.0)],
+        inflight_results=[_result(4000, 58.0), _result(4000, None)],
+    )
+    assert planner_shift._first_token_isl(snap, 60.0) == 4000
+    empty = SimpleNamespace(interval_s=30.0, recent_results=[_result(1000, 10.0)],
+                            inflight_results=[])
+    assert planner_shift._first_token_isl(empty, 60.0) is None
+
+
+def test_live_load_plans_on_each_window_as_derived():
+    run = planner_shift.run_one(("two-rtxpro-servers", "demo", None, 30.0, 1, 30.0, 1.0,
+                                 False))
+    log = run["log"]
+    assert log
+    for e in log:
+        if e["derived"][0] > 0:  # a window with finishes: planned on as derived
+            assert e["load"] == e["derived"], e
+        assert not e["worse"]
