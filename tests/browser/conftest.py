@@ -19,6 +19,9 @@ from tests.conftest import (
     wait_for_port,
 )
 
+# How long a step waits for the page (navigation, a selector, a live update). An upper bound,
+# not a speed goal: with two test runs on a 2-core box, a login page took over 15 s to load.
+WAIT_MS = 45_000
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run",
@@ -74,7 +77,7 @@ def browser():
 def page(browser):
     context = browser.new_context(viewport={"width": 1440, "height": 900})
     page = context.new_page()
-    page.set_default_timeout(15_000)
+    page.set_default_timeout(WAIT_MS)
     yield page
     context.close()
 

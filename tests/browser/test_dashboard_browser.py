@@ -13,7 +13,7 @@ from controlplane.accounts.access import set_role
 from controlplane.dashboard.consumers import cluster_group
 from controlplane.topology.models import Node
 
-from .conftest import login, screenshot
+from .conftest import WAIT_MS, login, screenshot
 
 pytestmark = pytest.mark.browser
 
@@ -39,14 +39,14 @@ def test_topology_renders_and_a_stale_node_greys_out_live(asgi_server, page):
     make_user("viewer")
     login(page, asgi_server, "viewer1", PASSWORD)
     assert page.locator(".gpu").count() == 48
-    page.wait_for_selector("#live-status.on", timeout=15_000)
+    page.wait_for_selector("#live-status.on", timeout=WAIT_MS)
     screenshot(page, "topology")
 
     node = Node.objects.get(hostname="rtxpro-01")
     assert "stale" not in (page.get_attribute(f"#node-{node.pk}", "class") or "")
     Node.objects.filter(pk=node.pk).update(status="stale")
     hint_nodes_changed(node.cluster_id, [node.pk])
-    page.wait_for_selector(f"#node-{node.pk}.stale", timeout=10_000)
+    page.wait_for_selector(f"#node-{node.pk}.stale", timeout=WAIT_MS)
     assert "last seen" in page.inner_text(f"#node-{node.pk} .seen")
     screenshot(page, "topology-stale-node")
 
@@ -106,9 +106,9 @@ def test_falls_back_to_polling_when_websockets_fail(asgi_server, page):
     make_user("viewer")
     page.route_web_socket("**/ws/live/**", lambda ws: ws.close())
     login(page, asgi_server, "viewer1", PASSWORD)
-    page.wait_for_selector("#live-status.poll", timeout=20_000)
+    page.wait_for_selector("#live-status.poll", timeout=WAIT_MS)
     node = Node.objects.get(hostname="rtxpro-02")
     Node.objects.filter(pk=node.pk).update(status="stale")
     # No hint is needed: polling re-reads every node the page shows.
-    page.wait_for_selector(f"#node-{node.pk}.stale", timeout=20_000)
+    page.wait_for_selector(f"#node-{node.pk}.stale", timeout=WAIT_MS)
     screenshot(page, "topology-polling-fallback")

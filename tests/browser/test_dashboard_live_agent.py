@@ -22,7 +22,7 @@ from controlplane.telemetry.tokens import issue_token
 from controlplane.topology.models import Cluster, Node, ServedModel
 from tests.conftest import ROOT, free_port, python_env
 
-from .conftest import login, screenshot
+from .conftest import WAIT_MS, login, screenshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 
@@ -92,7 +92,7 @@ def test_agent_report_fills_gpu_bars_without_reload(asgi_server, sim_node, page,
     )
     try:
         # Same page, no reload: the hello's GPUs appear, then reports fill memory bars.
-        page.wait_for_selector(f"{card} .gpu .bar.mem:not(.nodata)", timeout=30_000)
+        page.wait_for_selector(f"{card} .gpu .bar.mem:not(.nodata)", timeout=WAIT_MS)
         assert page.locator(f"{card} .gpu").count() == 2
         title = page.get_attribute(f"{card} .gpu .bar.mem", "title")
         assert title.startswith("memory ") and title != "memory no data"

@@ -13,7 +13,7 @@ from playwright.sync_api import Error as PlaywrightError
 from controlplane.accounts.access import set_role
 from controlplane.topology.models import Cluster, Node, ServedModel, Worker
 
-from .conftest import login, screenshot
+from .conftest import WAIT_MS, login, screenshot
 
 pytestmark = pytest.mark.browser
 
@@ -27,7 +27,7 @@ def _operator():
 
 
 def _wait_live(page):
-    page.wait_for_selector("#live-status.on", timeout=20_000)
+    page.wait_for_selector("#live-status.on", timeout=WAIT_MS)
     page.wait_for_function(
         "() => /updated \\d+ s ago/.test(document.getElementById('live-ago').textContent)")
 
@@ -49,7 +49,7 @@ def test_plans_and_models_pages_show_a_new_plan_without_reload(asgi_server, page
     page.goto(asgi_server + path)
     _wait_live(page)
     plan = _new_plan(f"live {name} marker")
-    page.wait_for_selector(f"#plan-{plan.pk}", timeout=20_000)
+    page.wait_for_selector(f"#plan-{plan.pk}", timeout=WAIT_MS)
     assert f"live {name} marker" in page.inner_text(f"#plan-{plan.pk}")
     screenshot(page, f"{name}-live")
 
@@ -65,7 +65,7 @@ def test_routing_page_shows_a_new_table_version(asgi_server, page):
     cluster = Cluster.objects.get(name="two-rtxpro-servers")
     RoutingTableVersion.objects.create(cluster=cluster, version=41, body={"version": 41},
                                        cause="browser test", actor="test")
-    page.wait_for_selector("#routing-live >> text=v41", timeout=20_000)
+    page.wait_for_selector("#routing-live >> text=v41", timeout=WAIT_MS)
     screenshot(page, "routing-live")
 
 
@@ -83,7 +83,7 @@ def test_alerts_page_shows_a_new_alert(asgi_server, page):
                          labels={"cluster": "two-rtxpro-servers", "node": "rtxpro-01"},
                          annotations={"summary": "GPU 0 on rtxpro-01 memory at 97%"},
                          group_key="g", active_since=now, starts_at=now, last_evaluated_at=now)
-    page.wait_for_selector("#alerts-live >> text=memory at 97%", timeout=20_000)
+    page.wait_for_selector("#alerts-live >> text=memory at 97%", timeout=WAIT_MS)
     screenshot(page, "alerts-live")
 
 
@@ -96,7 +96,7 @@ def test_node_page_shows_a_drain_started_elsewhere(asgi_server, page):
     page.goto(f"{asgi_server}/nodes/{node.pk}/")
     _wait_live(page)
     Worker.objects.filter(pk=worker.pk).update(state="draining")
-    page.wait_for_selector(f"#engine-{worker.pk} button:has-text('resume')", timeout=20_000)
+    page.wait_for_selector(f"#engine-{worker.pk} button:has-text('resume')", timeout=WAIT_MS)
     # The button that arrived live still works (its form carries a CSRF token).
     page.once("dialog", lambda dialog: dialog.accept())
     page.click(f"#engine-{worker.pk} button:has-text('resume')")
@@ -151,7 +151,7 @@ def test_decision_view_reads_in_one_line_with_a_chart(asgi_server, page):
     # The page is live: let the socket connect and send its first fragments, so the plan's
     # region is not swapped out while it is read and photographed (seen: "Element is not
     # attached to the DOM" from the element screenshot under load).
-    page.wait_for_selector("#live-status.on", timeout=20_000)
+    page.wait_for_selector("#live-status.on", timeout=WAIT_MS)
     page.wait_for_timeout(1500)
     verdict = page.inner_text(f"#plan-{plan.pk} .verdict")
     assert verdict.startswith("Move toward 2P:14D")
@@ -181,7 +181,7 @@ def test_big_fleet_shows_rack_tiles_that_drill_down(asgi_server, page):
     _user, cluster, nodes = _big_fleet(racks=12, per_rack=16)
     _report_utilisation(cluster, nodes)
     login(page, asgi_server, "big-viewer", "pw-123456789")
-    page.wait_for_selector("#live-status.on", timeout=20_000)
+    page.wait_for_selector("#live-status.on", timeout=WAIT_MS)
     assert page.locator(".rack-tile").count() == 12
     assert page.locator(".rack-tile .cells a").count() == 12 * 16
     screenshot(page, "topology-racks")

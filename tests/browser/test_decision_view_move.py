@@ -24,7 +24,7 @@ from controlplane.telemetry import hotstate
 from controlplane.topology.models import Cluster
 from tests.integration.test_planner_apply import rag_load, write_hot_state
 
-from .conftest import ARTIFACTS, login, screenshot
+from .conftest import ARTIFACTS, WAIT_MS, login, screenshot
 
 pytestmark = pytest.mark.browser
 
@@ -78,7 +78,7 @@ def test_decision_view_during_a_real_move(asgi_server, page, redis_prefix):
     page.goto(f"{asgi_server}/plans/")
     # The page is live: let the socket connect and send its first fragments, so the
     # regions below are not replaced while they are read and photographed.
-    page.wait_for_selector("#live-status.on", timeout=20_000)
+    page.wait_for_selector("#live-status.on", timeout=WAIT_MS)
     page.wait_for_timeout(1500)
     head = page.inner_text(f"#plan-{second.pk} .progress")
     assert f"step {move['step']} of {move['steps_total']}" in head, head
