@@ -139,11 +139,15 @@ def assumptions(q: WhatIfQuery) -> list[str]:
 
 def detail(answer) -> str:
     """The planner's explanation without what the fragment already leads with (the
-    estimated-GPU warning and the infeasible reasons), so nothing is said twice."""
+    estimated-GPU warning, the shape's problems and the infeasible reasons), so nothing is
+    said twice."""
     text = answer.explanation
     prefix = f"Estimated GPU profile: {answer.gpu_estimate}. "
     if answer.gpu_estimate and text.startswith(prefix):
         text = text[len(prefix):]
+    shape = "Invalid shape: " + "; ".join(answer.shape) + ". "
+    if answer.shape and text.startswith(shape):
+        text = text[len(shape):]
     if answer.infeasible:
         start = text.find("Best: ")
         text = text[start:] if start >= 0 else ""

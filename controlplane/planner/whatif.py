@@ -142,8 +142,11 @@ class WhatIfAnswer:
     arithmetic: list[str] = field(default_factory=list)
     explanation: str = ""
     gpu_estimate: str = ""  # why the GPU's profile is estimated; "" when it is catalogued
-    # Why no layout (or the shape itself) works, binding constraint first; [] when feasible.
+    # Why no layout works, binding constraint first; [] when one does.
     infeasible: list[str] = field(default_factory=list)
+    # What is wrong with the shape asked for though layouts of it may still meet the
+    # targets (a TP that leaves GPUs idle); [] when nothing is.
+    shape: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return {
@@ -154,6 +157,7 @@ class WhatIfAnswer:
             "explanation": self.explanation,
             "gpu_estimate": self.gpu_estimate,
             "infeasible": self.infeasible,
+            "shape": self.shape,
         }
 
 
@@ -203,6 +207,7 @@ def whatif(q: WhatIfQuery) -> WhatIfAnswer:
     arith = _arithmetic(q, model, gpu, w)
     agg = preds[0]
     infeasible = _infeasible(q, model, gpu, w, preds, best, policy.attainment)
+    shape = _shape_problems(q)
     expl = (
         f"Best: {best.layout} — goodput {best.goodput_rps:,.2f} of {q.rate_rps:,.2f} req/s "
         f"({best.goodput_per_gpu:,.3f} per GPU); TTFT p95 {secs(best.ttft_p95_s)}, ITL p95 "
@@ -212,9 +217,12 @@ def whatif(q: WhatIfQuery) -> WhatIfAnswer:
     if infeasible:  # the binding reason leads; the table below is only the detail
         lead = "No layout meets the targets: " + "; ".join(infeasible) + "."
         expl = lead if not best.fits else f"{lead} {expl}"
+    if shape:  # wasteful, not impossible: said first, without claiming no layout works
+        expl = "Invalid shape: " + "; ".join(shape) + f". {expl}"
     if gpu.estimate:  # an unknown GPU: say so first, the figures below rest on a guess
         expl = f"Estimated GPU profile: {gpu.estimate_reason}. {expl}"
-    return WhatIfAnswer(q, rows, best.layout, arith, expl, gpu.estimate_reason, infeasible)
+    return WhatIfAnswer(q, rows, best.layout, arith, expl, gpu.estimate_reason, infeasible,
+                        shape)
 
 
 def _node_links(q: WhatIfQuery, gpu, group_size: int) -> NodeLinks:
@@ -235,14 +243,18 @@ def _node_links(q: WhatIfQuery, gpu, group_size: int) -> NodeLinks:
     return NodeLinks(pcie, nvl, nics)
 
 
-def _infeasible(q: WhatIfQuery, model: ModelSpec, gpu, w, preds, best, attainment) -> list[str]:
-    """The constraints that bind, most basic first: the shape, the weights, the decode
-    floor, then the best layout's own bottleneck."""
-    out = []
+def _shape_problems(q: WhatIfQuery) -> list[str]:
     idle = q.gpus_per_node % q.tp
-    if idle:
-        out.append(f"TP{q.tp} leaves {idle} of {q.gpus_per_node} GPUs per node idle "
-                   f"({q.gpus_per_node // q.tp} workers of {q.tp} GPUs each)")
+    if not idle:
+        return []
+    return [f"TP{q.tp} leaves {idle} of {q.gpus_per_node} GPUs per node idle "
+            f"({q.gpus_per_node // q.tp} workers of {q.tp} GPUs each)"]
+
+
+def _infeasible(q: WhatIfQuery, model: ModelSpec, gpu, w, preds, best, attainment) -> list[str]:
+    """The constraints that bind, most basic first: the weights, the decode floor, then
+    the best layout's own bottleneck."""
+    out = []
     if kv_capacity_tokens(model, gpu, q.tp) <= 0:
         per_gpu = model.weight_bytes / q.tp / 1e9
         usable = (gpu.memory_bytes * gpu.gpu_memory_utilization - gpu.activation_bytes) / 1e9

@@ -58,12 +58,13 @@ def test_whatif_p95_and_kv_path_change_the_answer(asgi_server, page):
     assert "KV path: network at 25 Gb/s" in tail
     _shot(page, "whatif-p95-kv-path")
 
-    # A TP that leaves GPUs idle leads with that.
+    # A TP that leaves GPUs idle leads with that, without claiming that nothing works.
     _fill(page, isl_p50="", isl_p95="", kv_path="auto", kv_link_gbps="", tp="3")
-    shape = _predict(page, ".infeasible")
+    shape = _predict(page, ".infeasible.shape")
     lines = [line for line in shape.splitlines() if line.strip()]
-    assert lines[0] == "No layout meets the targets.", shape
-    assert lines[1].startswith("Binding: TP3 leaves 2 of 8 GPUs per node idle"), shape
+    assert lines[0] == "Invalid shape.", shape
+    assert lines[1].startswith("TP3 leaves 2 of 8 GPUs per node idle"), shape
+    assert "No layout meets the targets" not in page.inner_text("#whatif-answer")
     _shot(page, "whatif-tp-idle")
 
     # A p95 below the mean names its field by its label.

@@ -83,8 +83,15 @@ def test_the_kv_path_and_its_rate_reach_the_answer(viewer):
     assert 'data-field="kv_link_gbps"' in ignored and "choose NVLink, PCIe or network" in ignored
 
 
+def test_a_shape_that_leaves_gpus_idle_leads_without_claiming_nothing_works(viewer):
+    html = _answer(viewer, tp="3")
+    assert _lead(html) == "Invalid shape."
+    assert html.index("TP3 leaves 2 of 8 GPUs per node idle") < html.index(
+        '<table class="candidates">')
+    assert "No layout meets the targets" not in html  # aggregated TP3 still meets them
+
+
 @pytest.mark.parametrize("changes,reason", [
-    ({"tp": "3"}, "Binding: TP3 leaves 2 of 8 GPUs per node idle"),
     ({"gpu": "L4"}, "Binding: the weights do not fit: 70.6 GB per GPU at TP1"),
     ({"gpu": "RTX PRO 6000", "nodes": "2", "nic_gbps": "100"},
      "Binding: the ITL target 50 ms is below the batch-1 decode step"),

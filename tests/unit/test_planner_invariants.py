@@ -278,8 +278,11 @@ def test_whatif_arithmetic_prices_the_kv_path_the_form_gives():
 def test_whatif_infeasible_shapes_lead_with_the_binding_reason():
     from controlplane.planner.whatif import WhatIfQuery, whatif
 
+    # A TP that leaves GPUs idle is said first, but it is no claim that nothing works:
+    # aggregated TP3 still meets the targets at this rate.
     idle = whatif(WhatIfQuery(gpu="H200 NVL", tp=3, rate_rps=1))
-    assert idle.explanation.startswith("No layout meets the targets: TP3 leaves 2 of 8 GPUs")
+    assert idle.explanation.startswith("Invalid shape: TP3 leaves 2 of 8 GPUs per node idle")
+    assert idle.infeasible == [] and "Best: aggregated" in idle.explanation
     heavy = whatif(WhatIfQuery(gpu="L4", tp=1, rate_rps=1))
     assert heavy.explanation.startswith("No layout meets the targets: the weights do not fit")
     assert "Best:" not in heavy.explanation
