@@ -21,9 +21,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def wait_for_port(port: int, timeout: float = 30.0, host: str = "127.0.0.1") -> None:
+def wait_for_port(port: int, timeout: float = 30.0, host: str = "127.0.0.1",
+                  process: subprocess.Popen | None = None) -> None:
+    """Until something listens on the port. Given the server's ``process``, a server that
+    died stops the wait at once (its exit code in the error)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"the server for {host}:{port} exited with {process.returncode}")
         try:
             with socket.create_connection((host, port), timeout=0.5):
                 return

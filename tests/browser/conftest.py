@@ -51,7 +51,9 @@ def asgi_server(transactional_db, tmp_path):
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
     )
     try:
-        wait_for_port(port, timeout=60)
+        # Long for a start-up, but an upper bound only: with two test runs at once one
+        # uvicorn took over 60 s to import the app and listen (its log empty, alive).
+        wait_for_port(port, timeout=180, process=proc)
         yield f"http://127.0.0.1:{port}"
     finally:
         stop_process(proc)
