@@ -21,6 +21,20 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def wait_until(predicate, timeout: float = 30.0, interval: float = 0.2,
+               what: str = "condition"):
+    """Until ``predicate()`` is truthy; returns that value, or fails naming ``what`` and the
+    last value seen."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}; last value {last!r}")
+
+
 def wait_for_port(port: int, timeout: float = 30.0, host: str = "127.0.0.1",
                   process: subprocess.Popen | None = None) -> None:
     """Until something listens on the port. Given the server's ``process``, a server that

@@ -27,24 +27,13 @@ from controlplane.telemetry import enginestats, hotstate
 from controlplane.telemetry.commands import command_status, send_command
 from controlplane.telemetry.tokens import issue_token
 from controlplane.topology.models import GPU, Cluster, Node, ServedModel, Worker
-from tests.conftest import ROOT, free_port, python_env, stop_process, wait_for_port
+from tests.conftest import ROOT, free_port, python_env, stop_process, wait_for_port, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True),
               pytest.mark.timeout(240)]
 
 MODEL = "llama-3.1-8b"
 HOST = "sim-agent-1"
-
-
-def wait_until(predicate, timeout=30.0, interval=0.2, what="condition"):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out waiting for {what}; last value {last!r}")
 
 
 def http_json(url, body=None):
