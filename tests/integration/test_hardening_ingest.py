@@ -188,8 +188,9 @@ def test_defect9_hellos_of_different_nodes_are_stored_side_by_side(fleet, monkey
 
     elapsed, welcomes = run(scenario())
     assert all(w["type"] == "welcome" for w in welcomes)
-    # Side by side they take about 2 s; the margin up to 12 s is for a loaded CI box.
-    assert elapsed < 8.0, f"hellos took {elapsed:.2f} s: serialised (≥ 12 s)"
+    # Side by side (4 bulk threads) they take about 4 s; serialised they would take 12 s.
+    # The bound leaves a loaded CI box its margin and still tells the two apart.
+    assert elapsed < 11.0, f"hellos took {elapsed:.2f} s: serialised (≥ 12 s)"
 
 
 def test_defect9_hello_after_a_crash_is_welcomed_though_the_old_channel_is_gone(

@@ -81,7 +81,9 @@ async def connect(token):
 
     headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
     comm = WebsocketCommunicator(application, "/ws/agent/v1/", headers=headers)
-    connected, _ = await comm.connect()
+    # An upper bound, not a goal: beside the background shard a token lookup on a fresh
+    # PostgreSQL connection took over Channels' default 1 s (CI at a8ebe4e).
+    connected, _ = await comm.connect(timeout=20)
     assert connected
     return comm
 
