@@ -23,6 +23,15 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 
 
+class _Call:
+    """Whether one call reached its thread (under its pool's lock)."""
+
+    __slots__ = ("abandoned", "started")
+
+    def __init__(self):
+        self.started = self.abandoned = False
+
+
 class _Pool:
     def __init__(self, setting: str, env: str, default: int, name: str):
         self.setting, self.env, self.default, self.name = setting, env, default, name
@@ -41,17 +50,25 @@ class _Pool:
                 self.executor = ThreadPoolExecutor(self.size(), thread_name_prefix=self.name)
             return self.executor
 
-    def _call(self, fn, args, kwargs):
+    def _call(self, call, fn, args, kwargs):
         from django.db import connections
 
+        with self.lock:
+            if call.abandoned:  # its caller was cancelled and has already let go of it
+                return None
+            call.started = True
         try:
             return fn(*args, **kwargs)
         finally:
             with self.lock:
                 self.opened.update(connections.all(initialized_only=True))
-                self.busy -= 1
-                if self.busy == 0:  # idle: no call can start before the lock is released
-                    self._close_opened()
+                self._release()
+
+    def _release(self) -> None:
+        """One call fewer queued or running (the caller holds the lock)."""
+        self.busy -= 1
+        if self.busy == 0:  # idle: no call can start before the lock is released
+            self._close_opened()
 
     def _close_opened(self) -> None:
         for conn in self.opened:
@@ -65,9 +82,20 @@ class _Pool:
     async def run(self, fn, *args, **kwargs):
         with self.lock:
             self.busy += 1
-        call = database_sync_to_async(self._call, thread_sensitive=False,
-                                      executor=self._executor())
-        return await call(fn, args, kwargs)
+        call = _Call()
+        wrapped = database_sync_to_async(self._call, thread_sensitive=False,
+                                         executor=self._executor())
+        try:
+            return await wrapped(call, fn, args, kwargs)
+        finally:
+            # A caller cancelled while its call waited for a thread (a connection closed
+            # during a hello storm, a server shutting down) takes the call out of the
+            # queue, and _call never runs: without this the pool stayed busy forever and
+            # never closed its threads' connections (a test database could not be dropped).
+            with self.lock:
+                if not call.started:
+                    call.abandoned = True
+                    self._release()
 
 
 _quick = _Pool("TELEMETRY_DB_THREADS", "PDPLANE_TELEMETRY_DB_THREADS", 8, "agent-db")
