@@ -11,7 +11,11 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
 from controlplane.accounts.access import set_role
-from controlplane.dashboard.consumers import LiveTopologyConsumer, cluster_group
+from controlplane.dashboard.consumers import (
+    FLUSH_INTERVAL_S,
+    LiveTopologyConsumer,
+    cluster_group,
+)
 from controlplane.topology.models import Cluster, Node
 from tests.integration.live_support import WAIT_S
 
@@ -43,14 +47,22 @@ async def test_snapshot_then_coalesced_updates():
         assert 'id="live-status"' in snapshot
         assert snapshot.count('hx-swap-oob="true"') == 1 + 2  # status + two nodes
         layer = get_channel_layer()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         for _ in range(5):  # a burst of hints for the same node...
             await layer.group_send(cluster_group(cluster_id),
                                    {"type": "telemetry.changed", "node_ids": [node_id]})
-        update = await communicator.receive_from(timeout=WAIT_S)
-        # ...becomes one fragment for that node only.
-        assert update.count('hx-swap-oob="true"') == 1
-        assert f'id="node-{node_id}"' in update
-        assert await communicator.receive_nothing(timeout=1.2)
+        span = loop.time() - started
+        updates = [await communicator.receive_from(timeout=WAIT_S)]
+        while not await communicator.receive_nothing(timeout=1.2):
+            updates.append(await communicator.receive_from(timeout=WAIT_S))
+        # ...becomes one fragment for that node only, at most once per flush interval: one
+        # update on a quiet box, where the burst fits an interval; a starved box may spread
+        # it over two or more.
+        for update in updates:
+            assert update.count('hx-swap-oob="true"') == 1
+            assert f'id="node-{node_id}"' in update
+        assert len(updates) <= span / FLUSH_INTERVAL_S + 2, (span, len(updates))
     finally:
         await communicator.disconnect()
 

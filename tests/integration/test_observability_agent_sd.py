@@ -11,6 +11,7 @@ from django.test import Client
 from controlplane.observability.sd import agent_groups
 from controlplane.telemetry.tokens import issue_token
 from controlplane.topology.models import Cluster, Node
+from tests.integration.live_support import WAIT_S
 from workers_agent import protocol
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -48,14 +49,14 @@ def test_hello_with_metrics_port_lists_the_agent(settings):
         ws = WebsocketCommunicator(application, "/ws/agent/v1/",
                                    headers=[(b"authorization", f"Bearer {token}".encode())])
         ws.scope["client"] = ("10.9.8.7", 51000)
-        connected, _ = await ws.connect(timeout=10)
+        connected, _ = await ws.connect(timeout=WAIT_S)
         assert connected
         await ws.send_to(text_data=orjson.dumps({
             "type": "hello", "protocol": [1], "agent_version": "t", "hostname": "agent-host",
             "metrics_port": 9400, "inventory": {"gpus": [], "nics": [], "engines": []},
         }).decode())
-        welcome = orjson.loads(await ws.receive_from(timeout=10))
-        await ws.disconnect()
+        welcome = orjson.loads(await ws.receive_from(timeout=WAIT_S))
+        await ws.disconnect(timeout=WAIT_S)  # waits for the reconcile that stores the URL
         # Close the consumer thread's database connection so the test database can go.
         from asgiref.sync import sync_to_async
         from django.db import connections
