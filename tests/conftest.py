@@ -15,13 +15,20 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
 
 
+# How long a test waits for something it expects (a reply, a message, a condition). An upper
+# bound, not a speed goal: on a 2-core CI box, beside the shard that runs two vLLM engines and
+# Chromium, one live-page update took more than 10 s to arrive (quiet, the same test takes 2 s
+# in all). A passing test waits only as long as the event takes.
+WAIT_S = 30
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
-def wait_until(predicate, timeout: float = 30.0, interval: float = 0.2,
+def wait_until(predicate, timeout: float = WAIT_S, interval: float = 0.2,
                what: str = "condition"):
     """Until ``predicate()`` is truthy; returns that value, or fails naming ``what`` and the
     last value seen."""
