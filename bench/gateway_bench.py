@@ -54,7 +54,8 @@ MODEL = "llama-3.3-70b-fp8"
 ROUTING_OVERRIDES: dict[str, float] = {}  # --routing kv_overlap_weight=2,load_weight=1
 KV_TOKENS = [0]  # per engine, as the control plane's table would say (from --num-gpu-blocks)
 ALL_ROUTERS = ("pdplane", "pdplane-events", "round-robin", "vllm-router", "sglang-router")
-# Also "pdplane-2p": the gateway as two processes on one port (--workers 2), on request.
+# Also "pdplane-2p": the gateway as two processes on one port (--workers 2), and
+# "pdplane-aiohttp": this gateway on aiohttp's server (--server aiohttp), on request.
 # Before/after in one interleaved run: PDPLANE_BASELINE_ROOT=<a checkout of an older commit>
 # adds the router "pdplane-baseline", that checkout's gateway (latency phase).
 BASELINE_ROOT = os.environ.get("PDPLANE_BASELINE_ROOT")
@@ -98,6 +99,8 @@ class Router:
             cmd += ["--tokenize-via-engine"] if name == "pdplane-events" else ["--no-kv-events"]
             if name == "pdplane-2p":  # two processes on one port, sharing routing state
                 cmd += ["--workers", "2"]
+            if name == "pdplane-aiohttp":  # the same gateway, served by aiohttp
+                cmd += ["--server", "aiohttp"]
         elif name in ("round-robin", "vllm-router"):
             policy = "round_robin" if name == "round-robin" else "cache_aware"
             cmd = [str(PEERS_BIN / "vllm-router"), "--host", "127.0.0.1", "--port",

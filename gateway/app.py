@@ -32,6 +32,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from . import explain
 from .admin import AdminAPI
 from .config import GatewayConfig
+from .exchange import AiohttpExchange, Reply, openai_error
 from .kv_subscriber import KvEventSubscriber
 from .metrics import GatewayMetrics
 from .pairs import PairHealth
@@ -45,13 +46,6 @@ from .table import ModelRoute, RoutingTable, TableStore
 from .upstream_http import Target, Timeouts, UpstreamPool
 
 log = logging.getLogger("gateway")
-
-
-def _openai_error(status: int, message: str, kind: str, code: str | None = None):
-    return web.json_response(
-        {"error": {"message": message, "type": kind, "param": None, "code": code or kind}},
-        status=status,
-    )
 
 
 class Gateway(AdminAPI, PrefixKnowledge, RequestDriver):
@@ -91,17 +85,33 @@ class Gateway(AdminAPI, PrefixKnowledge, RequestDriver):
 
     # ------------------------------------------------------------------ lifecycle
 
+    # path -> (endpoint, chat): the OpenAI endpoints, which the lean server (gateway.front)
+    # hands straight to _serve.
+    OPENAI_ENDPOINTS = {"/v1/completions": ("completions", False),
+                        "/v1/chat/completions": ("chat/completions", True)}
+
+    def routes(self) -> list[tuple[str, str, object]]:
+        """(method, path, aiohttp handler) of every endpoint, for both servers."""
+        return [
+            ("POST", "/v1/completions", self.completions),
+            ("POST", "/v1/chat/completions", self.chat_completions),
+            ("GET", "/v1/models", self.models),
+            ("GET", "/health", self.health),
+            ("GET", "/metrics", self.metrics_view),
+            ("PUT", "/admin/routing-table", self.admin_put_table),
+            ("GET", "/admin/routing-table", self.admin_get_table),
+            ("GET", "/admin/decisions", self.admin_decisions),
+            ("GET", "/admin/health", self.admin_health),
+        ]
+
     def build_app(self) -> web.Application:
+        """The aiohttp server's app (``--server aiohttp``, and the in-process test client)."""
         app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_post("/v1/completions", self.completions)
-        app.router.add_post("/v1/chat/completions", self.chat_completions)
-        app.router.add_get("/v1/models", self.models)
-        app.router.add_get("/health", self.health)
-        app.router.add_get("/metrics", self.metrics_view)
-        app.router.add_put("/admin/routing-table", self.admin_put_table)
-        app.router.add_get("/admin/routing-table", self.admin_get_table)
-        app.router.add_get("/admin/decisions", self.admin_decisions)
-        app.router.add_get("/admin/health", self.admin_health)
+        for method, path, handler in self.routes():
+            if method == "GET":
+                app.router.add_get(path, handler)  # and HEAD, as the lean server
+            else:
+                app.router.add_route(method, path, handler)
         app.on_startup.append(self._startup)
         app.on_cleanup.append(self._cleanup)
         return app
@@ -196,14 +206,18 @@ class Gateway(AdminAPI, PrefixKnowledge, RequestDriver):
         })
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, "completions", chat=False)
+        exchange = AiohttpExchange(request)
+        return exchange.finish(await self._serve(exchange, "completions", chat=False))
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, "chat/completions", chat=True)
+        exchange = AiohttpExchange(request)
+        return exchange.finish(await self._serve(exchange, "chat/completions", chat=True))
 
     # ------------------------------------------------------------------ serving
 
-    async def _serve(self, request: web.Request, endpoint: str, *, chat: bool):
+    async def _serve(self, request, endpoint: str, *, chat: bool) -> Reply | None:
+        """One OpenAI request, planned and retried. ``request`` is the server's exchange
+        (:mod:`gateway.exchange`); returns the whole answer, or ``None`` once it streamed."""
         started = time.perf_counter()
         raw = await request.read()
         try:
@@ -271,7 +285,7 @@ class Gateway(AdminAPI, PrefixKnowledge, RequestDriver):
                 self.metrics.child(self.metrics.retries, model.name, "before_first_byte").inc()
                 continue
             self.metrics.child(self.metrics.requests, model.name, endpoint,
-                               str(response.status)).inc()
+                               "200" if response is None else str(response.status)).inc()
             self.metrics.child(self.metrics.e2e, model.name).observe(time.perf_counter() - started)
             return response
 
@@ -280,9 +294,9 @@ class Gateway(AdminAPI, PrefixKnowledge, RequestDriver):
         every request costs a system call)."""
         return f"{self._id_prefix}{next(self._id_counter):x}"
 
-    def _reject(self, status, message, model, endpoint, kind="invalid_request_error"):
+    def _reject(self, status, message, model, endpoint, kind="invalid_request_error") -> Reply:
         self.metrics.child(self.metrics.requests, model, endpoint, str(status)).inc()
-        return _openai_error(status, message, kind)
+        return openai_error(status, message, kind)
 
     def _explain(self, model: ModelRoute, plan, prompt, request_id: str, *,
                  retried: bool) -> str:

@@ -22,6 +22,7 @@ import time
 
 from aiohttp import web
 
+from . import front
 from .app import create_app
 from .config import GatewayConfigError, build_config, load_file
 from .statictable import parse_worker_flag, static_table
@@ -66,6 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int)
     p.add_argument("--log-level")
     p.add_argument("--access-log", action="store_const", const=True)
+    p.add_argument("--server", choices=["lean", "aiohttp"],
+                   help="HTTP server: the gateway's own (lean, default) or aiohttp's")
     return p.parse_args(argv)
 
 
@@ -102,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         if result.outcome != "ack":
             print(f"pdplane-gateway: static table refused: {result.error}", file=sys.stderr)
             return 2
+    if config.server == "lean":
+        front.run(gateway, config)
+        return 0
     web.run_app(
         app,
         host=config.host,

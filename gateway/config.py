@@ -58,6 +58,8 @@ class GatewayConfig:
     worker_index: int = 0
     log_level: str = "WARNING"
     access_log: bool = False
+    # "lean": the gateway's own HTTP/1.1 server (gateway/front.py); "aiohttp": aiohttp's.
+    server: str = "lean"
 
     def validate(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -68,6 +70,8 @@ class GatewayConfig:
             raise GatewayConfigError("pulling from the control plane needs an admin secret")
         if not 0 <= self.decision_log_sample <= 1:
             raise GatewayConfigError("decision_log_sample must be within 0–1")
+        if self.server not in ("lean", "aiohttp"):
+            raise GatewayConfigError("server must be 'lean' or 'aiohttp'")
         if not 1 <= self.workers <= 64 or not 0 <= self.worker_index < self.workers:
             raise GatewayConfigError("workers must be 1–64 (worker_index below it)")
         if self.max_attempts < 1:

@@ -16,6 +16,7 @@ from .upstream_http import Target, Timeouts, UpstreamPool, UpstreamResponse
 
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "server",
                "date", "content-encoding"}
+_HOP_BYTES = {h.encode() for h in HOP_HEADERS}
 
 
 class UpstreamFailure(Exception):
@@ -50,7 +51,9 @@ class OpenUpstream:
         return self.response.status
 
     def client_headers(self) -> dict[str, str]:
-        return {k: v for k, v in self.response.headers.items() if k.lower() not in HOP_HEADERS}
+        """The worker's headers to pass on (decoded only if they are passed on)."""
+        return {n.decode("latin-1"): v.decode("latin-1")
+                for n, v in self.response._raw_headers if n.lower() not in _HOP_BYTES}
 
     def close(self) -> None:
         self.response.close()

@@ -14,10 +14,10 @@ import time
 
 import aiohttp
 import orjson
-from aiohttp import web
 
 from . import explain
 from .engines import handshake_for
+from .exchange import JSON, Reply
 from .proxy import PairFailure, UpstreamFailure, open_upstream
 from .router import LoadReservation
 from .table import ModelRoute
@@ -82,9 +82,10 @@ class RequestDriver:
         max_out = body.get("max_tokens") or body.get("max_completion_tokens")
         out_tokens = max_out if isinstance(max_out, int) and max_out > 0 else DEFAULT_OUTPUT_TOKENS
         reservation = Reservation(self, plan, prompt["tokens"], out_tokens, bs)
-        headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
-        if "Authorization" in request.headers:
-            headers["Authorization"] = request.headers["Authorization"]
+        headers = {"Content-Type": JSON, "X-Request-Id": request_id}
+        authorization = request.headers.get("Authorization")
+        if authorization is not None:
+            headers["Authorization"] = authorization
         stream = bool(body.get("stream"))
         # Remember the prefix at dispatch, not at the first token: requests sharing it that
         # arrive while this one is still prefilling should follow it (as SGLang's tree does).
@@ -111,7 +112,7 @@ class RequestDriver:
                         model.name, endpoint, kind="service_unavailable")
             else:
                 upstream = await until_first_token
-            if isinstance(upstream, web.Response):
+            if isinstance(upstream, Reply):
                 return upstream
             try:
                 reservation.prefill_done()
@@ -127,8 +128,7 @@ class RequestDriver:
                     rest = await self._read_rest(upstream)
                     payload = upstream.first_chunk + rest
                     self._learn_tokens(model, prompt, payload)
-                    return web.Response(body=payload, status=upstream.status,
-                                        headers=response_headers)
+                    return Reply(upstream.status, payload, response_headers)
                 ttft = time.perf_counter() - started
                 self.metrics.child(self.metrics.ttft, model.name).observe(ttft)
                 return await self._relay(request, upstream, response_headers, model, prompt)
@@ -140,14 +140,14 @@ class RequestDriver:
     async def _until_first_token(self, model, plan, body, raw, endpoint, chat, headers, prompt,
                                  stream, reservation):
         """Remote prefill (P/D), then the answering worker's response up to its first token:
-        the open upstream, or a Response to pass on (the prefill worker refused the request)."""
+        the open upstream, or a Reply to pass on (the prefill worker refused the request)."""
         data = raw
         worker = model.worker(plan.decode)
         handshake = handshake_for(worker.engine)
         if plan.prefill:
             early = await self._prefill(model, plan, body, endpoint, chat, headers, prompt,
                                         handshake)
-            if isinstance(early, web.Response):
+            if isinstance(early, Reply):
                 return early
             reservation.prefill_done()
             data = orjson.dumps(handshake.decode_request(body, early))
@@ -166,8 +166,7 @@ class RequestDriver:
                 raise PairFailure(plan.prefill, plan.decode, "transfer_refused",
                                   f"decode refused the KV transfer: HTTP {upstream.status}",
                                   upstream.status)
-            return web.Response(body=payload, status=upstream.status,
-                                content_type="application/json")
+            return Reply(upstream.status, payload, content_type=JSON)
         if plan.prefill:
             self.pairs.succeeded(plan.prefill, plan.decode)
         try:
@@ -198,8 +197,7 @@ class RequestDriver:
                               exc.status) from exc
         if upstream.status != 200:
             # The request itself is at fault (4xx): answer the client with it.
-            return web.Response(body=payload, status=upstream.status,
-                                content_type="application/json")
+            return Reply(upstream.status, payload, content_type=JSON)
         try:
             answer = orjson.loads(payload)
         except orjson.JSONDecodeError as exc:
@@ -230,21 +228,30 @@ class RequestDriver:
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise UpstreamFailure(upstream.worker_id, f"answer cut short: {exc!r}") from exc
 
-    async def _relay(self, request, upstream, headers, model, prompt) -> web.StreamResponse:
-        response = web.StreamResponse(status=200, headers=headers)
-        await response.prepare(request)
-        await response.write(upstream.first_chunk)
-        last = time.perf_counter()
+    async def _relay(self, request, upstream, headers, model, prompt) -> None:
+        """The stream, relayed to the client as it comes (``request`` is the server's
+        exchange). A chunk that ends the answer goes out with the stream's end, in one
+        write."""
         itl = self.metrics.child(self.metrics.itl, model.name)
         tail = upstream.first_chunk
+        content = upstream.response.content
         try:
-            async for chunk in upstream.response.content.iter_any():
+            await request.start_stream(200, headers, tail)
+            last = time.perf_counter()
+            ending = b""
+            while not content.at_eof():
+                chunk = await content.readany()
+                if not chunk:
+                    break
                 now = time.perf_counter()
                 itl.observe(now - last)
                 last = now
                 tail = chunk
-                await response.write(chunk)
-            await response.write_eof()
+                if content.at_eof():
+                    ending = chunk
+                    break
+                await request.write(chunk)
+            await request.write_eof(ending)
             if b'"prompt_tokens"' in tail:  # stream_options.include_usage: learn from it
                 self._learn_from_stream_tail(model, prompt, tail)
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
@@ -253,7 +260,6 @@ class RequestDriver:
             # After the first byte there is no retry: end the stream, count it.
             self.metrics.child(self.metrics.errors, model.name, "upstream_mid_stream").inc()
             log.warning("upstream %s failed mid-stream: %r", upstream.worker_id, exc)
-        return response
 
     def _url(self, base: str, endpoint: str) -> Target:
         """The worker's endpoint, parsed once (URL parsing is a visible share of a
