@@ -241,11 +241,11 @@ class Gateway(AdminAPI, PrefixKnowledge, RequestDriver):
         exclude: set[str] = set()
         bad_pairs: set[tuple[str, str]] = set()
         attempt = 0
-        # Only the even-inflow tie-break reads it (cost picks at temperature 0).
+        # Only the even-inflow tie-break reads it (cost picks at temperature 0), and only
+        # for the near ties: worked out for those alone.
         inflow = None
         if model.cache_balance_band > 0 and model.temperature <= 0:
-            now = time.monotonic()
-            inflow = {w.id: self.approx.inflow(w.id, now) for w in model.workers}
+            inflow = _Inflow(self.approx, time.monotonic())
         while True:
             try:
                 plan = plan_request(model, prompt["tokens"], prompt["cached"], self.loads,
@@ -313,6 +313,19 @@ class Gateway(AdminAPI, PrefixKnowledge, RequestDriver):
                                   plan=plan, prompt_tokens=prompt["tokens"],
                                   avoidable=avoidable, avoidable_on=on)
         return explain.route_header(rule, plan)
+
+
+class _Inflow:
+    """Each worker's recent new KV (``ApproxPrefixIndex.inflow``) as the router reads it
+    (``inflow.get(worker)``), computed on demand: most requests have no near tie."""
+
+    __slots__ = ("approx", "now")
+
+    def __init__(self, approx: ApproxPrefixIndex, now: float):
+        self.approx, self.now = approx, now
+
+    def get(self, worker_id: str, default: float = 0.0) -> float:
+        return self.approx.inflow(worker_id, self.now)
 
 
 def create_app(config: GatewayConfig) -> tuple[Gateway, web.Application]:

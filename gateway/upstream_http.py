@@ -38,6 +38,7 @@ import httptools
 HIGH_WATER = 1 << 20  # buffered answer bytes before the worker's socket is paused
 IDLE_KEEP_S = 30.0  # a kept connection idle longer than this is closed, not reused
 MAX_IDLE_PER_HOST = 256
+_FRAMING = (b"content-length", b"transfer-encoding")  # an answer without: ends at close
 
 
 class UpstreamHTTPError(ConnectionError):
@@ -138,14 +139,14 @@ class _Connection(asyncio.Protocol):
 
     # -- httptools callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.response._raw_headers.append((name, value))
+        response = self.response
+        response._raw_headers.append((name, value))
+        if len(name) in (14, 17) and name.lower() in _FRAMING:
+            response._until_close = False
 
     def on_headers_complete(self) -> None:
         response = self.response
         response.status = self.parser.get_status_code()
-        headers = response._raw_headers
-        response._until_close = not any(
-            n.lower() in (b"content-length", b"transfer-encoding") for n, _v in headers)
         response._wake()
 
     def on_body(self, body: bytes) -> None:
@@ -219,7 +220,7 @@ class UpstreamResponse:
         self.complete = False
         self._error: BaseException | None = None
         self._waiter: asyncio.Future | None = None
-        self._until_close = False
+        self._until_close = True  # until a Content-Length or Transfer-Encoding says otherwise
         self._keep_alive = False
         self._timer: asyncio.TimerHandle | None = None
         self._released = False
