@@ -8,18 +8,19 @@ import msgpack
 import pytest
 import zmq
 
-from tests.conftest import free_port
+from tests.conftest import WAIT_S, free_port
 from workers_agent.collectors.kv_events import KVEventSubscriber
 
 END = (-1).to_bytes(8, "big", signed=True)
 
 
 class Publisher:
-    """vLLM-like: PUB with [topic, seq, payload]; ROUTER replay answering from a buffer."""
+    """vLLM-like: PUB with [topic, seq, payload]; ROUTER replay answering from a buffer.
+    An XPUB, so a test can wait for a subscriber to have joined."""
 
     def __init__(self):
         self.ctx = zmq.Context()
-        self.pub = self.ctx.socket(zmq.PUB)
+        self.pub = self.ctx.socket(zmq.XPUB)
         self.pub_port = free_port()
         self.pub.bind(f"tcp://127.0.0.1:{self.pub_port}")
         self.router = self.ctx.socket(zmq.ROUTER)
@@ -55,6 +56,12 @@ class Publisher:
         if not drop:
             self.pub.send_multipart([b"kv-events", seq.to_bytes(8, "big"), payload])
 
+    def wait_subscribed(self) -> None:
+        """Until a subscription has reached this socket: what is published from then on
+        is delivered (PUB/SUB joins asynchronously, the "slow joiner")."""
+        assert self.pub.poll(WAIT_S * 1000), "no subscriber joined"
+        assert self.pub.recv()[:1] == b"\x01"
+
     def restart(self):
         with self.lock:
             self.seq = 0
@@ -73,7 +80,7 @@ def stored(*hashes):
             "token_ids": [], "block_size": 16, "lora_id": None, "medium": "GPU"}
 
 
-def wait_for(pred, timeout=5.0):
+def wait_for(pred, timeout=WAIT_S):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if pred():
@@ -93,7 +100,7 @@ def subscriber(pub, **kw):
     sub = KVEventSubscriber(f"tcp://127.0.0.1:{pub.pub_port}",
                             f"tcp://127.0.0.1:{pub.replay_port}", tail_check_s=0.3, **kw)
     sub.start()
-    time.sleep(0.3)  # ZMQ slow joiner: let the subscription reach the publisher
+    pub.wait_subscribed()
     return sub
 
 

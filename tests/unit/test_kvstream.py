@@ -18,7 +18,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.prefix_index import PreciseIndex
 from gateway.statictable import static_table
 from gateway.table import parse
-from tests.conftest import free_port
+from tests.conftest import WAIT_S, free_port
 from workers_agent.collectors.kv_events import KVEventSubscriber
 from workers_agent.kvstream import BlockStored, KvStream, decode_batch
 from workers_agent.sim.kvevents import KvEventPublisher
@@ -202,7 +202,7 @@ async def started_publisher(pub_port, replay_port):
     raise RuntimeError("ports stayed busy")
 
 
-async def until(pred, timeout=5.0):
+async def until(pred, timeout=WAIT_S):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if pred():
@@ -261,7 +261,7 @@ async def _gateway_scenario():
 
         # Stall: work was sent, nothing comes → stalled, in /metrics; events clear it.
         sub.expect_events("w1")
-        assert await until(lambda: sub.stalled("w1"), timeout=3)
+        assert await until(lambda: sub.stalled("w1"))
         from prometheus_client import generate_latest
 
         text = generate_latest(metrics.registry).decode()
@@ -299,7 +299,7 @@ async def _agent_scenario():
         stats = sub.stats()
         assert stats["last_seq"] == 3 and stats["strays"] == 1 and not stats["stalled"]
         await pub.close()  # the engine is gone: the probe of the replay socket goes unanswered
-        assert await until(lambda: sub.stats()["stalled"], timeout=5), sub.stats()
+        assert await until(lambda: sub.stats()["stalled"]), sub.stats()
     finally:
         sub.stop()
         await pub.close()
