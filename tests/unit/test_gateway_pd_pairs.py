@@ -10,6 +10,7 @@ import time
 from gateway.engines import HANDSHAKES, handshake_for
 from gateway.engines.vllm_nixl import NixlHandshake
 from gateway.pairs import PairHealth
+from tests.conftest import WAIT_S
 
 from .gateway_stub import MODEL, StubEngine, start_gateway, table_for
 
@@ -85,7 +86,7 @@ async def _scenario():
         # Recovery: after the cooldown a request probes each failed pair; success heals it.
         d1.refuse_transfers = False
         p1.dead = False
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + WAIT_S
         i = 100
         while time.monotonic() < deadline:
             status, body = await send(i)

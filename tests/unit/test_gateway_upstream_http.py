@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from gateway.upstream_http import Target, Timeouts, UpstreamHTTPError, UpstreamPool
+from tests.conftest import WAIT_S
 
 
 async def _raw_server(answer):
@@ -55,7 +56,7 @@ def test_keep_alive_reuses_one_connection_and_sends_one_write():
         try:
             for _ in range(3):
                 response = await pool.post(target, b'{"a":1}', {"X-Request-Id": "r1"},
-                                           Timeouts(total=5))
+                                           Timeouts(total=WAIT_S))
                 assert response.status == 200
                 assert response.headers.get("content-type") == "application/json"
                 assert await response.read() == b"ok"
@@ -80,7 +81,7 @@ def test_chunked_stream_arrives_piece_by_piece():
         server, target = await _raw_server(answer)
         pool = UpstreamPool()
         try:
-            response = await pool.post(target, b"{}", {}, Timeouts(total=5))
+            response = await pool.post(target, b"{}", {}, Timeouts(total=WAIT_S))
             assert await response.readany() == b"first"
             assert not response.at_eof()
             assert [c async for c in response.iter_any()] == [b"second"]
@@ -95,6 +96,7 @@ def test_chunked_stream_arrives_piece_by_piece():
 
 def test_body_delimited_by_close_and_stale_kept_connection_is_retried_fresh():
     served = []
+    dropped = asyncio.Event()
 
     async def answer(reader, writer):
         await _read_request(reader)
@@ -104,6 +106,8 @@ def test_body_delimited_by_close_and_stale_kept_connection_is_retried_fresh():
             await writer.drain()
             await asyncio.sleep(0.05)
             writer.close()
+            await writer.wait_closed()
+            dropped.set()
             return
         writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil-close")
         await writer.drain()
@@ -113,10 +117,11 @@ def test_body_delimited_by_close_and_stale_kept_connection_is_retried_fresh():
         server, target = await _raw_server(answer)
         pool = UpstreamPool()
         try:
-            first = await pool.post(target, b"{}", {}, Timeouts(total=5))
+            first = await pool.post(target, b"{}", {}, Timeouts(total=WAIT_S))
             assert await first.read() == b"a"
-            await asyncio.sleep(0.2)  # the worker has closed the kept connection
-            second = await pool.post(target, b"{}", {}, Timeouts(total=5))
+            await asyncio.wait_for(dropped.wait(), WAIT_S)  # the worker closed the kept one
+            await asyncio.sleep(0.05)  # and its FIN reached this side (loopback)
+            second = await pool.post(target, b"{}", {}, Timeouts(total=WAIT_S))
             assert await second.read() == b"until-close"
         finally:
             await pool.close()
@@ -142,9 +147,9 @@ def test_timeouts_and_refused_connections_are_typed():
             await server.wait_closed()
             dead = Target.parse(f"http://127.0.0.1:{port}/v1/completions")
             with pytest.raises(UpstreamHTTPError):
-                await pool.post(dead, b"{}", {}, Timeouts(total=2, connect=1))
+                await pool.post(dead, b"{}", {}, Timeouts(total=WAIT_S, connect=WAIT_S))
             with pytest.raises(UpstreamHTTPError):
-                await pool.post(dead, b"{}", {"X-Evil": "a\r\nHost: x"}, Timeouts(total=1))
+                await pool.post(dead, b"{}", {"X-Evil": "a\r\nHost: x"}, Timeouts(total=WAIT_S))
         finally:
             await pool.close()
 
@@ -162,7 +167,7 @@ def test_a_worker_dying_mid_answer_is_an_error_not_an_end():
         server, target = await _raw_server(answer)
         pool = UpstreamPool()
         try:
-            response = await pool.post(target, b"{}", {}, Timeouts(total=5))
+            response = await pool.post(target, b"{}", {}, Timeouts(total=WAIT_S))
             assert await response.readany() == b"partial"
             with pytest.raises(UpstreamHTTPError):
                 await response.readany()
