@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import socket
@@ -57,6 +58,7 @@ BODY_TIMEOUT_S = 120.0  # with no body byte for this long
 KEEPALIVE_S = 75.0  # aiohttp's keepalive_timeout
 LINGER_S = 10.0  # aiohttp's lingering_time: how long a refused body is read and dropped
 SHUTDOWN_S = 10.0  # requests in flight at SIGTERM get this long to finish
+GC_YOUNG_THRESHOLD = 10_000  # new containers between young collections (Python's: 700)
 
 
 class _Conn(asyncio.Protocol):
@@ -391,6 +393,14 @@ class Front:
 
     async def run(self, host: str, port: int, reuse_port: bool) -> None:
         server = await self.start(host, port, reuse_port)
+        # Garbage collection was ~5 % of the CPU at 64 requests in flight: every ~700 new
+        # containers (a few requests' worth) a pass over the young objects, most of them
+        # in-flight requests' that survive it. Freeze what start-up built (tables, index)
+        # out of the collector's sight and collect the young less often; the request path
+        # frees its objects by reference counting, cycles are still collected.
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(GC_YOUNG_THRESHOLD, 10, 10)
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
