@@ -20,6 +20,10 @@ SHARED = ROOT.parent / "shared"
 # Chromium, one live-page update took more than 10 s to arrive (quiet, the same test takes 2 s
 # in all). A passing test waits only as long as the event takes.
 WAIT_S = 30
+# How long a test waits for a process it started to listen or be ready: with two test runs at
+# once, one uvicorn took over 60 s to import the app and listen (its log empty, alive). Given
+# the process, a wait ends at once if it exits.
+START_S = 180
 
 
 def free_port() -> int:
@@ -42,7 +46,7 @@ def wait_until(predicate, timeout: float = WAIT_S, interval: float = 0.2,
     raise AssertionError(f"timed out waiting for {what}; last value {last!r}")
 
 
-def wait_for_port(port: int, timeout: float = 30.0, host: str = "127.0.0.1",
+def wait_for_port(port: int, timeout: float = START_S, host: str = "127.0.0.1",
                   process: subprocess.Popen | None = None) -> None:
     """Until something listens on the port. Given the server's ``process``, a server that
     died stops the wait at once (its exit code in the error)."""

@@ -12,6 +12,7 @@ from django.conf import settings
 
 from tests.conftest import (
     ROOT,
+    START_S,
     free_port,
     python_env,
     require_system_part,
@@ -51,9 +52,7 @@ def asgi_server(transactional_db, tmp_path):
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
     )
     try:
-        # Long for a start-up, but an upper bound only: with two test runs at once one
-        # uvicorn took over 60 s to import the app and listen (its log empty, alive).
-        wait_for_port(port, timeout=180, process=proc)
+        wait_for_port(port, timeout=START_S, process=proc)
         yield f"http://127.0.0.1:{port}"
     finally:
         stop_process(proc)

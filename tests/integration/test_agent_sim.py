@@ -27,7 +27,16 @@ from controlplane.telemetry import enginestats, hotstate
 from controlplane.telemetry.commands import command_status, send_command
 from controlplane.telemetry.tokens import issue_token
 from controlplane.topology.models import GPU, Cluster, Node, ServedModel, Worker
-from tests.conftest import ROOT, free_port, python_env, stop_process, wait_for_port, wait_until
+from tests.conftest import (
+    ROOT,
+    START_S,
+    WAIT_S,
+    free_port,
+    python_env,
+    stop_process,
+    wait_for_port,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True),
               pytest.mark.timeout(240)]
@@ -136,7 +145,7 @@ class Server:
                 [sys.executable, "-m", "uvicorn", "controlplane.asgi:application", "--host",
                  "127.0.0.1", "--port", str(self.port), "--log-level", "warning"],
                 cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
-        wait_for_port(self.port, 30)
+        wait_for_port(self.port, process=self.proc)
 
     def stop(self):
         stop_process(self.proc)
@@ -167,12 +176,13 @@ def test_agent_against_simulated_node(workdir, sim_fleet, settings):
                 stdout=log, stderr=subprocess.STDOUT)
 
         # 1. Reports arrive; the topology learns the engines.
-        wait_until(lambda: Worker.objects.filter(node=node).count() == 2, 30, what="workers")
+        wait_until(lambda: Worker.objects.filter(node=node).count() == 2, START_S,
+                   what="workers")  # the agent process starts first
         workers = {w.name: w for w in Worker.objects.filter(node=node)}
         gpus = GPU.objects.filter(node=node)
         assert sorted(g.index for g in gpus) == [0, 1]
         assert {g.nvlink_group for g in gpus} == {0}  # one NVLink group of two (sim config)
-        wait_until(lambda: hotstate.worker_state(workers["e0"].pk), 15, what="hot state")
+        wait_until(lambda: hotstate.worker_state(workers["e0"].pk), WAIT_S, what="hot state")
 
         # 2. Traffic with shared prefixes (KV events, prefix hits), then quiet.
         shared = " ".join(f"word{i}" for i in range(120))
@@ -194,7 +204,7 @@ def test_agent_against_simulated_node(workdir, sim_fleet, settings):
             return own, hot, expected_blocks
 
         for eid in ("e0", "e1"):
-            own, hot, expected_blocks = wait_until(lambda eid=eid: settled(eid), 30,
+            own, hot, expected_blocks = wait_until(lambda eid=eid: settled(eid), WAIT_S,
                                                    what=f"{eid} to settle")
             stats = own["stats"]
             assert hot["kv_blocks_total"] == stats["num_gpu_blocks"] == own["num_gpu_blocks"]
@@ -209,7 +219,7 @@ def test_agent_against_simulated_node(workdir, sim_fleet, settings):
             wid = workers[eid].pk
             snap = wait_until(
                 lambda wid=wid: (s := enginestats.read_snapshots([wid])[wid])
-                and s[-1].counters.get("request_success") == 12 and s[-1], 15,
+                and s[-1].counters.get("request_success") == 12 and s[-1], WAIT_S,
                 what=f"{eid} counters in hot state")
             assert snap.histograms["ttft_s"].count == 12
             assert snap.histograms["prompt_tokens"].count == 12
@@ -226,15 +236,16 @@ def test_agent_against_simulated_node(workdir, sim_fleet, settings):
 
         # 3. A command round-trips: control plane → agent → hook → sim → result.
         cid = send_command(node.pk, "set_role", {"engine": "e0", "role": "prefill"})
-        wait_until(lambda: command_status(cid)["status"] == "succeeded", 15, what="command")
+        wait_until(lambda: command_status(cid)["status"] == "succeeded", WAIT_S,
+                   what="command")
         sim_node = http_json(sim_fleet["nodes"][0]["telemetry_url"])
         assert {e["id"]: e["role"] for e in sim_node["engines"]}["e0"] == "prefill"
-        wait_until(lambda: hotstate.worker_state(workers["e0"].pk)["role"] == "prefill", 10,
+        wait_until(lambda: hotstate.worker_state(workers["e0"].pk)["role"] == "prefill", WAIT_S,
                    what="observed role in hot state")
         wait_until(lambda: Worker.objects.get(pk=workers["e0"].pk).observed_role == "prefill",
-                   10, what="observed role in the database")
+                   WAIT_S, what="observed role in the database")
         refused = send_command(node.pk, "restart_engine", {"engine": "e0"})
-        wait_until(lambda: command_status(refused)["status"] == "refused", 15,
+        wait_until(lambda: command_status(refused)["status"] == "refused", WAIT_S,
                    what="refused command")
         assert "no hook" in command_status(refused)["detail"]
 
@@ -245,7 +256,7 @@ def test_agent_against_simulated_node(workdir, sim_fleet, settings):
         server.start()
         state = wait_until(
             lambda: (s := hotstate.node_state(node.pk)) and s["gen"] > gen_before
-            and not s["stale"] and s, 30, what="reports after restart")
+            and not s["stale"] and s, WAIT_S, what="reports after restart")
         assert state["agent"]["reconnects"] >= 1
         assert hotstate.worker_state(workers["e0"].pk)["role"] == "prefill"
     finally:

@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import ROOT, free_port, python_env, run_python, wait_for_port
+from tests.conftest import ROOT, WAIT_S, free_port, python_env, run_python, wait_for_port
 
 
 @pytest.mark.parametrize(
@@ -40,8 +40,9 @@ def test_run_command_serves_admin_on_embedded_defaults(tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
-        wait_for_port(port, timeout=90)
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/admin/login/", timeout=10) as resp:
+        wait_for_port(port, process=proc)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/admin/login/",
+                                    timeout=WAIT_S) as resp:
             assert resp.status == 200
         assert (tmp_path / "pdplane.sqlite3").exists()
         assert (tmp_path / "redis.sock").exists()

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, START_S, WAIT_S
 from tests.integration.sim.client import KvSubscriber, get, pid_alive, post, start_fleet
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -32,7 +32,7 @@ TWO_NODES = {
 }
 
 
-def _wait_gone(pids, timeout=10.0):
+def _wait_gone(pids, timeout=WAIT_S):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not any(pid_alive(p) for p in pids):
@@ -78,7 +78,7 @@ def test_in_process_fleet_with_map_encoded_kv_batches(tmp_path):
             status, _ = post(engine["api_url"] + "/v1/completions", {
                 "prompt": " ".join(["tok"] * 40), "max_tokens": 1})
             assert status == 200
-            batches = sub.receive(timeout=5, until=bool)
+            batches = sub.receive(timeout=WAIT_S, until=bool)
         finally:
             sub.close()
         _topic, seq, batch = batches[0]
@@ -96,7 +96,7 @@ def test_invalid_config_is_refused_with_a_reason(tmp_path):
     path.write_text(json.dumps(bad))
     result = subprocess.run(
         [sys.executable, "-m", "workers_agent.sim.cli", "run", "--config", str(path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=30,
+        cwd=ROOT, capture_output=True, text=True, timeout=START_S,
     )
     assert result.returncode == 2
     assert "unknown node 'nowhere'" in result.stderr
@@ -107,7 +107,7 @@ def test_example_config_is_a_valid_fleet(tmp_path):
         [sys.executable, "-m", "workers_agent.sim.cli", "example-config", "--nodes", "1",
          "--gpu", "L4", "--model", "llama-3.1-8b", "--gpus-per-node", "1",
          "--engines-per-node", "1"],
-        cwd=ROOT, capture_output=True, text=True, timeout=30,
+        cwd=ROOT, capture_output=True, text=True, timeout=START_S,
     )
     assert result.returncode == 0, result.stderr
     config = json.loads(result.stdout)

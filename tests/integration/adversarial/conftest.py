@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from controlplane.core.wsprotocol import UVICORN_WS
-from tests.conftest import ROOT, free_port, python_env, stop_process, wait_for_port
+from tests.conftest import ROOT, WAIT_S, free_port, python_env, stop_process, wait_for_port
 
 
 def database_url() -> str:
@@ -43,7 +43,7 @@ class LiveServer:
                  "127.0.0.1", "--port", str(self.port), "--ws", UVICORN_WS,
                  "--log-level", "warning"],
                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        wait_for_port(self.port, 60)
+        wait_for_port(self.port, process=self.proc)
         return self
 
     def log(self) -> str:
@@ -79,7 +79,7 @@ def hot_prefix(cp_server, settings):
     wait_database_quiet()
 
 
-def wait_database_quiet(timeout: float = 20.0) -> None:
+def wait_database_quiet(timeout: float = WAIT_S) -> None:
     from django.db import connection
 
     from controlplane.topology.models import Node

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, free_port, python_env, stop_process, wait_for_port
+from tests.conftest import ROOT, START_S, WAIT_S, free_port, python_env, stop_process, wait_for_port
 
 MODEL = "llama-3.3-70b-fp8"
 
@@ -45,7 +45,7 @@ class SimFleet:
         self.by_id = {e["id"]: e for e in self.endpoints["engines"]}
 
     def start(self):
-        self.fleet.start(timeout=30)
+        self.fleet.start(timeout=START_S)
         return self
 
     def kill_engine(self, engine_id: str) -> None:
@@ -64,12 +64,12 @@ class SimFleet:
             [sys.executable, "-m", "workers_agent.sim.cli", "node", "--config",
              str(self.fleet.config_path), "--node", node, "--log-level", "WARNING"],
             cwd=ROOT, stdin=subprocess.DEVNULL)
-        self.fleet.wait_ready(30)
+        self.fleet.wait_ready(START_S)
 
     def metric(self, engine_id: str, name: str, **labels) -> float:
         """Sum of a metric family's samples on one engine (0 if absent)."""
         url = self.by_id[engine_id]["metrics_url"]
-        text = urllib.request.urlopen(url, timeout=5).read().decode()
+        text = urllib.request.urlopen(url, timeout=WAIT_S).read().decode()
         total = 0.0
         for line in text.splitlines():
             if not line.startswith(name) or line.startswith("#"):
@@ -118,17 +118,19 @@ class GatewayProcess:
             cwd=ROOT, env=python_env(PDPLANE_GATEWAY_SECRET=self.secret),
             stdout=self.log, stderr=subprocess.STDOUT,
         )
-        wait_for_port(self.port, timeout=20)
+        wait_for_port(self.port, process=self.proc)
         if wait_healthy:
             self.wait_health()
         return self
 
-    def wait_health(self, version: int | None = None, timeout: float = 20) -> dict:
+    def wait_health(self, version: int | None = None, timeout: float = WAIT_S) -> dict:
         deadline = time.monotonic() + timeout
         last = None
         while time.monotonic() < deadline:
             try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                # Each try may take what is left: a starved gateway can be slow to answer.
+                with urllib.request.urlopen(self.url + "/health",
+                                            timeout=max(deadline - time.monotonic(), 0.1)) as r:
                     last = json.loads(r.read())
                     if version is None or last.get("table_version") == version:
                         return last
@@ -142,7 +144,7 @@ class GatewayProcess:
 
         headers = signed_headers(self.secret, "GET", "/admin/routing-table", b"", now=time.time())
         req = urllib.request.Request(self.url + "/admin/routing-table", headers=headers)
-        with urllib.request.urlopen(req, timeout=5) as r:
+        with urllib.request.urlopen(req, timeout=WAIT_S) as r:
             return json.loads(r.read())
 
     def put_table(self, table: dict, secret: str | None = None) -> tuple[int, dict]:
@@ -155,7 +157,7 @@ class GatewayProcess:
         req = urllib.request.Request(self.url + "/admin/routing-table", data=body,
                                      headers=headers, method="PUT")
         try:
-            with urllib.request.urlopen(req, timeout=5) as r:
+            with urllib.request.urlopen(req, timeout=WAIT_S) as r:
                 return r.status, json.loads(r.read())
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read() or b"{}")
@@ -191,7 +193,7 @@ def write_json(path: Path, data) -> str:
     return str(path)
 
 
-def post(url: str, body: dict, timeout: float = 30, headers=None):
+def post(url: str, body: dict, timeout: float = WAIT_S, headers=None):
     """POST JSON; returns (status, headers, raw body bytes)."""
     req = urllib.request.Request(url, data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json", **(headers or {})})
@@ -262,7 +264,7 @@ def celery_worker(tmp_path, settings):
     worker.stop()
 
 
-def wait_until(predicate, timeout: float = 20, interval: float = 0.1, message: str = ""):
+def wait_until(predicate, timeout: float = WAIT_S, interval: float = 0.1, message: str = ""):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()

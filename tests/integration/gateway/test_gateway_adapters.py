@@ -12,7 +12,7 @@ import pytest
 
 from gateway.adapters.router_sync import client_for, sync_once
 from gateway.statictable import table_from_sim_endpoints
-from tests.conftest import free_port, require_system_part, stop_process, wait_for_port
+from tests.conftest import WAIT_S, free_port, require_system_part, stop_process, wait_for_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -35,16 +35,16 @@ def test_adapter_keeps_router_workers_in_sync(kind, sim_fleet):
         "--worker-urls", urls["a"], "--policy", "round_robin"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for_port(port, timeout=30)
+        wait_for_port(port, process=proc)
         client = client_for(kind, f"http://127.0.0.1:{port}")
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + WAIT_S
         while set(client.list()) != {urls["a"]} and time.monotonic() < deadline:
             time.sleep(0.2)  # sglang-router registers --worker-urls in the background
         table = table_from_sim_endpoints(fleet.endpoints)
         table["models"][0]["workers"][0]["state"] = "draining"  # a out, b in
         result = sync_once(client, table)
         assert result == {"added": [urls["b"]], "removed": [urls["a"]]}
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + WAIT_S
         while set(client.list()) != {urls["b"]} and time.monotonic() < deadline:
             time.sleep(0.2)  # sglang-router applies changes asynchronously (202)
         assert set(client.list()) == {urls["b"]}

@@ -19,6 +19,8 @@ import msgpack
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.conftest import START_S, WAIT_S
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -34,7 +36,7 @@ class RunningFleet:
     def node(self, hostname: str) -> dict:
         return next(n for n in self.endpoints["nodes"] if n["hostname"] == hostname)
 
-    def stop(self, sig: int = signal.SIGINT, timeout: float = 15.0) -> int:
+    def stop(self, sig: int = signal.SIGINT, timeout: float = WAIT_S) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
             try:
@@ -45,7 +47,8 @@ class RunningFleet:
         return self.proc.returncode
 
 
-def start_fleet(config: dict, workdir: Path, *extra: str, timeout: float = 30.0) -> RunningFleet:
+def start_fleet(config: dict, workdir: Path, *extra: str,
+                timeout: float = START_S) -> RunningFleet:
     config_path = workdir / "fleet.json"
     endpoints_path = workdir / "endpoints.json"
     config_path.write_text(json.dumps(config))
@@ -67,7 +70,7 @@ def start_fleet(config: dict, workdir: Path, *extra: str, timeout: float = 30.0)
     return RunningFleet(proc, json.loads(endpoints_path.read_text()), workdir)
 
 
-def http(method: str, url: str, body=None, headers=None, timeout: float = 20.0,
+def http(method: str, url: str, body=None, headers=None, timeout: float = WAIT_S,
          raw: bytes | None = None):
     """(status, decoded JSON or text)."""
     data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
@@ -91,7 +94,7 @@ def get(url: str, **kw):
     return http("GET", url, **kw)
 
 
-def sse_events(url: str, body: dict, timeout: float = 20.0) -> list:
+def sse_events(url: str, body: dict, timeout: float = WAIT_S) -> list:
     req = urllib.request.Request(url, data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     events = []
@@ -155,7 +158,7 @@ class KvSubscriber:
         self.ctx.term()
 
 
-def replay(endpoint: str, start_seq: int, timeout: float = 5.0) -> list[tuple[int, object]]:
+def replay(endpoint: str, start_seq: int, timeout: float = WAIT_S) -> list[tuple[int, object]]:
     """Ask a replay ROUTER for batches from start_seq (DEALER sends [b"", seq])."""
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
