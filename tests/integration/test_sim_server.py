@@ -15,6 +15,7 @@ import urllib.parse
 
 import pytest
 
+from tests.conftest import WAIT_S, wait_until
 from tests.integration.sim.client import (
     KvSubscriber,
     get,
@@ -189,7 +190,7 @@ def test_kv_events_wire_format(fleet):
     try:
         status, _ = completion(fleet, "agg", words(64, "kvevent"), max_tokens=2)
         assert status == 200
-        batches = sub.receive(timeout=5, until=lambda got: any(
+        batches = sub.receive(timeout=WAIT_S, until=lambda got: any(
             ev.get("type") == "BlockStored" for _, _, batch in got for ev in batch[1]))
     finally:
         sub.close()
@@ -218,7 +219,9 @@ def test_replay_returns_batches_lost_by_fault_injection(fleet):
         for i in range(6):
             status, _ = completion(fleet, "lossy", words(40, f"lossy{i}x"), max_tokens=1)
             assert status == 200
-        received = sub.receive(timeout=2)
+        # Until the stream shows a gap (every 2nd batch is dropped), not for a fixed time.
+        received = sub.receive(timeout=WAIT_S, until=lambda got: len(got) >= 2 and (
+            got[-1][1] - got[0][1] + 1 > len(got)))
     finally:
         sub.close()
     seqs = [s for _, s, _ in received]
@@ -297,12 +300,11 @@ def test_prefill_decode_round_trip_and_link_speeds(fleet):
                      "vllm:time_to_first_token_seconds_sum")
         assert ttft >= xfer[decode]  # the transfer is charged before the first token
 
-        # The same params again: the blocks were released by the first pull.
-        started = time.monotonic()
+        # The same params again: the blocks were released by the first pull (the prefill
+        # engine's own 404, not a pull that timed out: that would be a 502).
         status, again = post(fleet.engine(decode)["api_url"] + "/v1/completions", {
             "model": MODEL, "prompt": prompt, "max_tokens": 2, "kv_transfer_params": params})
         assert status == 404 and "expired" in again["error"]["message"]
-        assert time.monotonic() - started < 5
 
     assert xfer["d-nvl"] < xfer["d-pcie"] < xfer["d-400"] < xfer["d-25"]
     # 0.655 GB over 400 Gb/s ≈ 13 ms and over 25 Gb/s ≈ 0.21 s at line rate (RDMA ~87%).
@@ -333,11 +335,10 @@ def test_unknown_or_malformed_transfer_params_fail_fast(fleet):
         ({"do_remote_prefill": True, "do_remote_decode": True}, 400),
     ]
     for params, expected in cases:
-        started = time.monotonic()
         status, body = completion(fleet, "d-400", "a b c", kv_transfer_params=params)
         assert status == expected, body
-        assert body["error"]["message"]
-        assert time.monotonic() - started < 6
+        # Fast: refused or answered, never a pull left to run into its timeout.
+        assert body["error"]["message"] and "Timeout" not in body["error"]["message"], body
 
 
 def test_held_kv_expires_when_nobody_pulls_it(fleet):
@@ -348,8 +349,10 @@ def test_held_kv_expires_when_nobody_pulls_it(fleet):
         "kv_transfer_params": {"do_remote_decode": True}})
     assert status == 200
     assert value(scrape(prefill["metrics_url"]), "vllm:kv_cache_usage_perc") > 0  # held
-    time.sleep(1.3)  # the hold is 20 simulated seconds = 1 s at time_scale 0.05
-    after = scrape(prefill["metrics_url"])
+    # The hold is 20 simulated seconds = 1 s at time_scale 0.05.
+    after = wait_until(lambda: (a := scrape(prefill["metrics_url"])) and value(
+        a, "vllm:nixl_num_kv_expired_reqs") > value(before, "vllm:nixl_num_kv_expired_reqs")
+        and a, what="the held KV to expire")
     assert (value(after, "vllm:nixl_num_kv_expired_reqs")
             - value(before, "vllm:nixl_num_kv_expired_reqs")) == 1
     assert value(after, "vllm:kv_cache_usage_perc") == 0
@@ -362,7 +365,7 @@ def test_client_disconnect_aborts_the_request(fleet):
     engine = fleet.engine("agg")
     before = scrape(engine["metrics_url"])
     url = urllib.parse.urlsplit(engine["api_url"])
-    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=WAIT_S)
     conn.request("POST", "/v1/completions", json.dumps({
         "model": MODEL, "prompt": words(50, "bye"), "max_tokens": 5000, "stream": True}),
         {"Content-Type": "application/json"})
@@ -371,7 +374,7 @@ def test_client_disconnect_aborts_the_request(fleet):
     assert resp.read(6) == b"data: "
     conn.sock.close()
     conn.close()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
         families = scrape(engine["metrics_url"])
         aborted = (value(families, "vllm:request_success", finished_reason="abort")
@@ -499,7 +502,7 @@ def test_reset_prefix_cache_publishes_all_blocks_cleared(fleet):
     sub = KvSubscriber(engine["kv_events_endpoint"])
     try:
         assert post(engine["api_url"] + "/reset_prefix_cache")[0] == 200
-        batches = sub.receive(timeout=3, until=lambda got: any(
+        batches = sub.receive(timeout=WAIT_S, until=lambda got: any(
             ev.get("type") == "AllBlocksCleared" for _, _, b in got for ev in b[1]))
     finally:
         sub.close()
