@@ -8,7 +8,15 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import ROOT, WAIT_S, free_port, python_env, run_python, wait_for_port
+from tests.conftest import (
+    ROOT,
+    START_S,
+    WAIT_S,
+    free_port,
+    python_env,
+    run_python,
+    wait_for_port,
+)
 
 
 @pytest.mark.parametrize(
@@ -23,7 +31,7 @@ from tests.conftest import ROOT, WAIT_S, free_port, python_env, run_python, wait
 )
 def test_bad_setting_stops_startup_with_a_clear_message(var, value, message, tmp_path):
     env = python_env(**{var: value, "PDPLANE_VAR_DIR": str(tmp_path)})
-    result = run_python("manage.py", "check", env=env, timeout=60)
+    result = run_python("manage.py", "check", env=env, timeout=START_S)
     assert result.returncode != 0
     assert "pdplane configuration error" in result.stderr
     assert message in result.stderr

@@ -11,6 +11,7 @@ from controlplane.telemetry.liveness import check_liveness, mark_disconnected
 from controlplane.telemetry.models import NodeSample, WorkerSample
 from controlplane.telemetry.tasks import persist_rollups
 from controlplane.topology.models import Cluster, Node, ServedModel, Worker
+from tests.conftest import WAIT_S
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
 
@@ -27,8 +28,8 @@ def redis_prefix(settings):
         client.delete(*keys)
 
 
-def write_report(node, worker, at):
-    ctx = NodeContext(node.pk, node.cluster_id, node.hostname, 1, 1.0,
+def write_report(node, worker, at, interval_s=1.0):
+    ctx = NodeContext(node.pk, node.cluster_id, node.hostname, 1, interval_s,
                       {"e0": worker.pk} if worker else {})
     keys = hotstate.Keys()
     report = {"seq": 1, "ts": at, "gpus": [{"index": 0, "utilization": 0.5}],
@@ -95,7 +96,9 @@ def test_async_read_api_matches_sync(fleet):
     import asyncio
 
     cluster, nodes, worker = fleet
-    write_report(nodes[0], worker, time.time())
+    # Read at the wall clock's now: an interval long enough that a starved box does not see
+    # it go stale (3 intervals) between the write and the read.
+    write_report(nodes[0], worker, time.time(), interval_s=WAIT_S)
 
     async def read():
         return (await hotstate.anode_state(nodes[0].pk), await hotstate.aworker_state(worker.pk),
