@@ -25,7 +25,7 @@ def hint_nodes_changed(cluster_id: int, node_ids: list[int]) -> None:
     message = {"type": "telemetry.changed", "node_ids": node_ids}
     send = async_to_sync(get_channel_layer().group_send)
     with ThreadPoolExecutor(1) as pool:
-        pool.submit(send, cluster_group(cluster_id), message).result(timeout=10)
+        pool.submit(send, cluster_group(cluster_id), message).result(timeout=WAIT_MS / 1000)
 
 
 def make_user(role: str):

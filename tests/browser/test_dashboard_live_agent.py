@@ -20,7 +20,7 @@ from django.contrib.auth import get_user_model
 from controlplane.accounts.access import set_role
 from controlplane.telemetry.tokens import issue_token
 from controlplane.topology.models import Cluster, Node, ServedModel
-from tests.conftest import ROOT, free_port, python_env
+from tests.conftest import ROOT, START_S, free_port, python_env
 
 from .conftest import WAIT_MS, login, screenshot
 
@@ -57,7 +57,7 @@ def sim_node(tmp_path):
         cwd=ROOT, env=python_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + START_S
         while not endpoints.exists():
             assert proc.poll() is None and time.monotonic() < deadline, "sim did not start"
             time.sleep(0.2)

@@ -76,10 +76,11 @@ def test_decision_view_during_a_real_move(asgi_server, page, redis_prefix):
 
     login(page, asgi_server, "operator1", PASSWORD)
     page.goto(f"{asgi_server}/plans/")
-    # The page is live: let the socket connect and send its first fragments, so the
-    # regions below are not replaced while they are read and photographed.
+    # The page is live: wait for the socket's first message, so the regions below are not
+    # replaced while they are read and photographed. Its status fragment ("on") comes in
+    # one message with every region (dashboard/consumers.py); later ones carry only what
+    # changed, and nothing does here.
     page.wait_for_selector("#live-status.on", timeout=WAIT_MS)
-    page.wait_for_timeout(1500)
     head = page.inner_text(f"#plan-{second.pk} .progress")
     assert f"step {move['step']} of {move['steps_total']}" in head, head
     assert page.locator(f"#plan-{second.pk} .dchart").count() == 3

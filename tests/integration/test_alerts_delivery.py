@@ -22,6 +22,7 @@ from controlplane.alerts.models import (
 )
 from controlplane.alerts.rules import NODE_OFFLINE, FleetSnapshot
 from controlplane.outbox.worker import drain
+from tests.conftest import WAIT_S
 from tests.integration.alerts_support.fixtures import (
     FAST_SETTINGS,
     Receiver,
@@ -52,7 +53,7 @@ def sweep(**kw) -> dict:
     return drain([WEBHOOK_KIND], **kw)
 
 
-def sweep_until_settled(timeout: float = 20.0):
+def sweep_until_settled(timeout: float = WAIT_S):
     """Run the sweeper until nothing is pending (or the timeout)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -117,12 +118,13 @@ def test_receiver_down_then_up_loses_nothing(tmp_path):
     run_cycle(snapshot=three_clusters_offline())
     run_cycle(snapshot=three_clusters_offline())
     assert Delivery.objects.count() == 3
-    deadline = time.monotonic() + 2.5
-    while time.monotonic() < deadline:
+    # Sweeps until each has been tried and retried (the schedule retries within a second).
+    deadline = time.monotonic() + WAIT_S
+    while not all(d.attempts >= 2 for d in Delivery.objects.all()):
+        assert time.monotonic() < deadline, list(Delivery.objects.values("attempts"))
         sweep(time_budget_s=2)
         time.sleep(0.1)
     assert Delivery.objects.filter(status=DeliveryStatus.PENDING).count() == 3
-    assert all(d.attempts >= 2 for d in Delivery.objects.all())
     errors = {a.error.split(":")[0] for a in Delivery.objects.first().attempt_log.all()}
     assert errors == {"ConnectionRefusedError"}
 

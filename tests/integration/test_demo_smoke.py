@@ -30,6 +30,8 @@ from controlplane.planner.costmodel import ModelSpec
 from controlplane.policies.effective import EffectivePolicy
 from tests.conftest import (
     ROOT,
+    START_S,
+    WAIT_S,
     free_port,
     processes_with,
     python_env,
@@ -71,7 +73,7 @@ def _free_base() -> int:
 
 
 def _state(env) -> dict:
-    result = run_python("manage.py", "shell", "-c", STATE_SCRIPT, env=env, timeout=60)
+    result = run_python("manage.py", "shell", "-c", STATE_SCRIPT, env=env, timeout=START_S)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -102,8 +104,11 @@ def _stop_demo(proc: subprocess.Popen) -> str:
 
 
 def _assert_no_leftovers(tmp_path) -> None:
-    time.sleep(1)
-    leftovers = processes_with(f"PDPLANE_VAR_DIR={tmp_path}")
+    # Until the launcher's children have exited (a starved box is slow to reap them).
+    deadline = time.monotonic() + WAIT_S
+    while (leftovers := processes_with(f"PDPLANE_VAR_DIR={tmp_path}")) and \
+            time.monotonic() < deadline:
+        time.sleep(0.2)
     for pid in leftovers:
         os.kill(pid, signal.SIGKILL)
     assert not leftovers, f"processes left behind: {leftovers}"
@@ -222,7 +227,7 @@ class _Operator:
         self.mid_move: str | None = None  # the progress text seen while workers drained
 
     def __enter__(self) -> _Operator:
-        from tests.browser.conftest import ARTIFACTS, CHROMIUM_ARGS
+        from tests.browser.conftest import ARTIFACTS, CHROMIUM_ARGS, WAIT_MS
 
         self.artifacts = ARTIFACTS
         self.api = pytest.importorskip("playwright.sync_api")
@@ -235,7 +240,7 @@ class _Operator:
         self.browser = self.playwright.chromium.launch(executable_path=executable,
                                                        args=CHROMIUM_ARGS)
         self.page = self.browser.new_page(viewport={"width": 1440, "height": 900})
-        self.page.set_default_timeout(20_000)
+        self.page.set_default_timeout(WAIT_MS)
         self.page.goto(f"{self.base}/accounts/login/?next=/plans/")
         self.page.fill("input[name=username]", "admin")
         self.page.fill("input[name=password]", password)

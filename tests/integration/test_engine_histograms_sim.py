@@ -161,7 +161,7 @@ def test_fleet_percentiles_and_rate_from_simulated_engines(tmp_path, settings):
                     - max(before["prompt_tokens"].values()))
         true_rate = finished / (own_t1 - own_t0)
         assert stats.request_rate == pytest.approx(true_rate, rel=0.05), (true_rate, stats)
-        assert stats.request_rate == pytest.approx(RATE, rel=0.25), stats
+        assert stats.request_rate == pytest.approx(RATE, rel=0.5), stats
         # Fleet p95 (and p50) within one bucket of the engines' own /metrics.
         for name, p50, p95 in (
             ("ttft_s", stats.ttft_p50_s, stats.ttft_p95_s),

@@ -22,6 +22,7 @@ from websockets.exceptions import ConnectionClosed
 from controlplane.telemetry import hotstate
 from controlplane.telemetry.tokens import issue_token
 from controlplane.topology.models import Cluster, Node, ServedModel
+from tests.conftest import WAIT_S, wait_until
 from tests.integration.test_ingest_consumer import frames, hello, report
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -42,25 +43,15 @@ def nodes(hot_prefix):
 
 async def agent(url: str, token: str, host: str):
     ws = await ws_connect(url, additional_headers={"Authorization": f"Bearer {token}"},
-                          max_size=None, open_timeout=20)
+                          max_size=None, open_timeout=WAIT_S)
     await ws.send(orjson.dumps(hello(host)).decode())
-    welcome = orjson.loads(await asyncio.wait_for(ws.recv(), 20))
+    welcome = orjson.loads(await asyncio.wait_for(ws.recv(), WAIT_S))
     assert welcome["type"] == "welcome", welcome
     return ws
 
 
-async def answer(ws, timeout: float = 20) -> dict:
+async def answer(ws, timeout: float = WAIT_S) -> dict:
     return orjson.loads(await asyncio.wait_for(ws.recv(), timeout))
-
-
-def wait_until(predicate, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError("condition not met in time")
 
 
 # --------------------------------------------------------------------------- defect 2
@@ -75,7 +66,7 @@ def test_defect2_too_many_errors_closes_cleanly_and_marks_the_node(cp_server, no
         await ws.send(orjson.dumps(report(1)).decode())  # arrives after the close
         with pytest.raises(ConnectionClosed):
             while True:
-                await asyncio.wait_for(ws.recv(), 20)
+                await asyncio.wait_for(ws.recv(), WAIT_S)
         assert ws.close_code == 4008
         other = await agent(cp_server.ws_url, token_b, "node-b")  # the server still serves
         await other.send(orjson.dumps(report(1)).decode())
@@ -117,9 +108,8 @@ def test_defect10_oversized_authorization_header_is_refused_fast(cp_server, size
     # "Fast" means the server answers the head itself instead of reading on or timing out;
     # how many seconds that takes on a loaded 2-core CI box is not something a test can
     # bound (this module failed once, unexplained, with two test runs at once).
-    with socket.create_connection(("127.0.0.1", cp_server.port), timeout=10) as sock:
+    with socket.create_connection(("127.0.0.1", cp_server.port), timeout=WAIT_S) as sock:
         sock.sendall(request)
-        sock.settimeout(30)
         head = sock.recv(200)
     assert head.startswith(b"HTTP/1.1 431"), head
 

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from controlplane.routing.builder import build_table
 from controlplane.routing.schema import validate_table
+from tests.conftest import WAIT_S
 from tests.integration.gateway.conftest import GatewayProcess, write_json
 from tests.unit.test_hardening_defects import _snapshot
 
@@ -54,7 +55,7 @@ def raw_put(gw, body: bytes, secret: str | None = None) -> int:
     req = urllib.request.Request(gw.url + "/admin/routing-table", data=body, headers=headers,
                                  method="PUT")
     try:
-        with urllib.request.urlopen(req, timeout=10) as r:
+        with urllib.request.urlopen(req, timeout=WAIT_S) as r:
             return r.status
     except urllib.error.HTTPError as exc:
         return exc.code
@@ -121,7 +122,7 @@ def test_unsigned_or_badly_signed_push_is_401(gateway):
     req = urllib.request.Request(gateway.url + "/admin/routing-table", data=body, method="PUT",
                                  headers={"Content-Type": "application/json"})
     with pytest.raises(urllib.error.HTTPError) as exc:
-        urllib.request.urlopen(req, timeout=10)
+        urllib.request.urlopen(req, timeout=WAIT_S)
     assert exc.value.code == 401
 
 

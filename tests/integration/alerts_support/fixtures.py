@@ -11,7 +11,7 @@ from pathlib import Path
 
 from controlplane.alerts.lifecycle import LifecycleConfig
 from controlplane.alerts.rules import FleetSnapshot, NodeFacts
-from tests.conftest import ROOT, free_port, stop_process, wait_for_port
+from tests.conftest import ROOT, WAIT_S, free_port, stop_process, wait_for_port
 
 RECEIVER = Path(__file__).with_name("receiver.py")
 
@@ -21,8 +21,10 @@ FAST_SETTINGS = {
     "ALERTS_RETRY_SCHEDULE": (0, 0.3, 0.3, 0.5, 0.5, 0.5, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1),
     "ALERTS_LIFECYCLE": LifecycleConfig(group_wait_s=0, group_interval_s=0, repeat_interval_s=3600),
     "ALERTS_KICK_SWEEPER": False,
-    "ALERTS_DELIVERY_TIMEOUT_S": 5,
-    "ALERTS_CLAIM_LEASE_S": 30,
+    # A receiver that is up answers within this; a starved box must not turn a slow answer
+    # into a timed-out attempt (an extra retry the tests would count).
+    "ALERTS_DELIVERY_TIMEOUT_S": WAIT_S,
+    "ALERTS_CLAIM_LEASE_S": 2 * WAIT_S,
 }
 
 
@@ -58,7 +60,7 @@ class Receiver:
             ],
             cwd=ROOT,
         )
-        wait_for_port(self.port, timeout=15)
+        wait_for_port(self.port, process=self.proc)
         return self
 
     def stop(self) -> None:

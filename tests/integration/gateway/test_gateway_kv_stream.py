@@ -9,13 +9,14 @@ import time
 import pytest
 
 from gateway.statictable import table_from_sim_endpoints
+from tests.conftest import WAIT_S
 
 from .conftest import MODEL, post, write_json
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
-def wait(pred, timeout=15.0, what=""):
+def wait(pred, timeout=WAIT_S, what=""):
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
@@ -53,7 +54,7 @@ def test_engine_restart_empties_and_refills_the_workers_index(
         s = gw.admin_table()["kv_streams"]["a"]
         return s["restarts"] >= 1 and s
 
-    after = wait(restarted, timeout=30, what="restart detected")
+    after = wait(restarted, what="restart detected")
     # Only the new engine's blocks: the old prompt's 8 are gone, the new one's 4 are in.
     assert after["blocks"] == 4, after
     _, headers, _ = tokens_completion(gw, old)
@@ -76,7 +77,7 @@ def test_stalled_stream_is_reported_and_routed_on_the_approximate_index(
     wait(lambda: gw.admin_table()["kv_streams"]["a"]["stalled"], what="stall")
     import urllib.request
 
-    text = urllib.request.urlopen(gw.url + "/metrics", timeout=5).read().decode()
+    text = urllib.request.urlopen(gw.url + "/metrics", timeout=WAIT_S).read().decode()
     assert 'pdplane_gateway_kv_stream_stalled{reason="no KV events 1s after work was sent",' \
            'worker="a"} 1.0' in text
     assert tokens_completion(gw, list(range(64)))[0] == 200  # still served

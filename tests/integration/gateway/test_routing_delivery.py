@@ -27,7 +27,7 @@ from controlplane.routing.models import (
 )
 from controlplane.routing.service import latest_table, publish, queue_deliveries, request_publish
 from controlplane.topology.models import GPU, Cluster, Gateway, Node, ServedModel, Worker
-from tests.conftest import free_port
+from tests.conftest import WAIT_S, free_port
 
 from .conftest import wait_until
 
@@ -195,7 +195,7 @@ def check_pull_endpoint_auth_and_etag(live_server):
             headers[signing.APPLIED_VERSION_HEADER] = str(applied)
         req = urllib.request.Request(live_server.url + path, headers=headers)
         try:
-            with urllib.request.urlopen(req, timeout=5) as r:
+            with urllib.request.urlopen(req, timeout=WAIT_S) as r:
                 return r.status, dict(r.headers), r.read()
         except urllib.error.HTTPError as exc:
             return exc.code, dict(exc.headers), exc.read()
