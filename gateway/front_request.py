@@ -147,10 +147,9 @@ class Request:
         conn = self._conn
         if conn.closed:
             raise ConnectionResetError("the client has gone")
-        if not self.continued:  # the client waits for this before sending the body
-            self.continued = True
-            if self.headers.get("expect", "").lower() == "100-continue":
-                conn.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if self.awaits_continue():  # sent once the handler wants the body, not before
+            conn.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        self.continued = True
         conn._consumed()
         self._waiter = asyncio.get_running_loop().create_future()
         try:
