@@ -14,6 +14,7 @@ import pytest
 from gateway import front
 from gateway.app import Gateway
 from gateway.config import GatewayConfig
+from tests.conftest import WAIT_S
 
 from . import test_gateway_pd_pairs, test_gateway_table_hardening, test_gateway_why
 from .gateway_stub import MODEL, StubEngine, table_for
@@ -117,7 +118,7 @@ def test_openai_and_plain_endpoints():
 
 
 async def _exchange(port: int, data: bytes, *, until_closed: bool = True,
-                    timeout: float = 20.0) -> bytes:
+                    timeout: float = WAIT_S) -> bytes:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         writer.write(data)
@@ -156,10 +157,10 @@ def test_hostile_http_gets_4xx_and_the_server_stays_up(monkeypatch):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             head = _request(body, b"Expect: 100-continue\r\nConnection: close\r\n")
             writer.write(head[:-len(body)])
-            assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 20) == \
+            assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT_S) == \
                 b"HTTP/1.1 100 Continue\r\n\r\n"
             writer.write(body)
-            assert (await asyncio.wait_for(reader.read(), 20)).startswith(b"HTTP/1.1 200 OK")
+            assert (await asyncio.wait_for(reader.read(), WAIT_S)).startswith(b"HTTP/1.1 200 OK")
             writer.close()
             # HTTP/1.0: answered, and the connection ends.
             out = await _exchange(port, _request(body).replace(b"HTTP/1.1", b"HTTP/1.0", 1))
@@ -212,14 +213,14 @@ def test_slow_heads_and_idle_connections_are_cut_off(monkeypatch):
                 await asyncio.sleep(0.3)
                 writer.write(b"X-Drip: 1\r\n")
             try:
-                out = await asyncio.wait_for(reader.read(), 20)
+                out = await asyncio.wait_for(reader.read(), WAIT_S)
             except ConnectionResetError:  # cut off while this side was still dripping
                 out = b"HTTP/1.1 408 "
             assert out.startswith(b"HTTP/1.1 408 ")
             writer.close()
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-            out = await asyncio.wait_for(reader.read(), 20)  # answered, then idle: closed
+            out = await asyncio.wait_for(reader.read(), WAIT_S)  # answered, then idle: closed
             assert out.startswith(b"HTTP/1.1 503 ")
             writer.close()
         finally:
@@ -228,7 +229,10 @@ def test_slow_heads_and_idle_connections_are_cut_off(monkeypatch):
     asyncio.run(scenario())
 
 
-def test_client_gone_mid_stream_cancels_the_upstream_call():
+def test_client_gone_mid_stream_leaves_no_load_behind():
+    """(That the engine sees the request aborted is the integration test's, against the
+    simulator: tests/integration/gateway/test_gateway_sim.py.)"""
+
     async def scenario():
         engine = await StubEngine("a").start()
         gateway, client = await start_lean(table_for([(engine, "both")]))
@@ -237,13 +241,17 @@ def test_client_gone_mid_stream_cancels_the_upstream_call():
         try:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(_request(body))
-            assert b"200 OK" in await asyncio.wait_for(reader.readuntil(b"\r\n"), 20)
+            assert b"200 OK" in await asyncio.wait_for(reader.readuntil(b"\r\n"), WAIT_S)
             writer.transport.abort()
-            for _ in range(200):  # the request is released once its handler is gone
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + WAIT_S
+            while loop.time() < deadline:  # released once its handler is cancelled
                 if all(load.in_flight == 0 for load in gateway.loads.values()):
                     break
                 await asyncio.sleep(0.05)
             assert all(load.in_flight == 0 for load in gateway.loads.values())
+            r = await client.get("/health")
+            assert r.status == 200
         finally:
             await client.close()
             await engine.close()
