@@ -3,8 +3,9 @@
 - :class:`ApproxPrefixIndex` learns from the gateway's own routing decisions: the prompt
   text is cut into fixed-size character chunks (≈ one KV block each at 4 chars/token, as
   llm-d's approximate mode does), chained-hashed, and each chunk hash remembers which
-  workers were sent it, for a TTL (the engine may evict it after a while; 120 s as in
-  SGLang's and vllm-router's approximate trees).
+  workers were sent it, until the worker's LRU bound (its KV capacity) pushes it out — or,
+  where the capacity is unknown, for a TTL (120 s as in SGLang's and vllm-router's
+  approximate trees).
 - :class:`PreciseIndex` is fed by the engines' KV-cache events (BlockStored /
   BlockRemoved / AllBlocksCleared). It re-hashes each stored block's token ids with its own
   chained hash (engine hashes depend on an algorithm and seed we cannot rely on), so a
@@ -32,6 +33,7 @@ from workers_agent.kvstream import (  # noqa: F401 - re-exported for the gateway
 )
 
 CHARS_PER_TOKEN = 4.0
+_FOREVER = float("inf")
 ROOT = b"pdplane-prefix-v1"
 
 
@@ -120,10 +122,13 @@ class TokenEstimator:
 
 
 class ApproxPrefixIndex:
-    """Chunk hash → workers believed to hold it, with a TTL and, per worker, an LRU bounded
-    by the worker's KV capacity (``set_capacity``): an engine evicts least-recently-used
-    blocks when full, so believing it still holds everything it was ever sent would send
-    requests after prefixes long gone."""
+    """Chunk hash → workers believed to hold it: per worker, an LRU bounded by the worker's
+    KV capacity (``set_capacity``), and a TTL for workers whose capacity is not known. An
+    engine evicts least-recently-used blocks when full, so believing it still holds
+    everything it was ever sent would send requests after prefixes long gone; an engine
+    with room evicts nothing, so with its capacity known the LRU bound alone follows its
+    eviction (entries recorded before the capacity was set keep their TTL until sent
+    again)."""
 
     def __init__(self, ttl_s: float = 120.0, max_entries: int = 500_000):
         self.ttl_s = ttl_s
@@ -170,7 +175,12 @@ class ApproxPrefixIndex:
         return value * 0.5 ** (max(now - at, 0.0) / self.ttl_s)
 
     def record(self, model: str, hashes: Iterable[bytes], worker_id: str, now: float) -> None:
-        expiry = now + self.ttl_s
+        # A worker whose capacity is known keeps what it was sent until its LRU bound pushes
+        # it out (``_trim``), as the engine does: an engine with room evicts nothing, and a
+        # TTL shorter than its real retention forgot prefixes it still held (Mooncake at 1×,
+        # 32 engines: 18.0 % of prompt tokens found cached with the TTL, 21.6 % without;
+        # docs/benchmarks.md issue 18). The TTL stays the guess for unknown capacity.
+        expiry = _FOREVER if worker_id in self._capacity else now + self.ttl_s
         lru = self._lru.setdefault(worker_id, OrderedDict())
         new = 0
         for h in hashes:

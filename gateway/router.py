@@ -310,12 +310,13 @@ class LoadReservation:
     prompt is computed (remote prefill answered, or the first token), :meth:`release` when
     the request ends in any way. The decode worker also counts the request among its own
     with its :func:`stall_weight` (from its output tokens and the plan's
-    ``ttft_itl_ratio``)."""
+    ``ttft_itl_ratio``), or ``weight`` when given (an expected weight for an answer of
+    unknown length: :class:`gateway.answer_lengths.AnswerLengths`)."""
 
     __slots__ = ("decode", "loads", "prefill", "weight")
 
     def __init__(self, loads: defaultdict[str, WorkerLoad], plan: RoutePlan, prompt_tokens: int,
-                 output_tokens: int, block_size: int) -> None:
+                 output_tokens: int, block_size: int, weight: float | None = None) -> None:
         self.loads = loads
         uncached = blocks_for(max(prompt_tokens - plan.cached_tokens, 0), block_size)
         held = 0 if plan.prefill else blocks_for(plan.cached_tokens, block_size)
@@ -327,7 +328,8 @@ class LoadReservation:
         load = loads[plan.decode]
         load.decode_blocks += added
         load.in_flight += 1
-        self.weight = stall_weight(output_tokens, plan.ttft_itl_ratio)
+        self.weight = (stall_weight(output_tokens, plan.ttft_itl_ratio) if weight is None
+                       else weight)
         load.own_requests += 1
         load.stall_weight_sum += self.weight
 

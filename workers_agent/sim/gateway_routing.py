@@ -7,6 +7,13 @@
 - Decisions are ``gateway.router.plan_request``; load accounting is the gateway's
   (``gateway.router.LoadReservation``: queued prefill until the prefill is done, KV blocks
   and in-flight count until the request ends).
+- Answer lengths (``answers``): ``"true"`` tells the router each request's real output
+  length (an oracle); otherwise the router is told what a gateway sees — ``"fixed:N"``
+  (no ``max_tokens``: the gateway's default length N for every request), ``"scale:K"``
+  (``max_tokens`` = K × the real length, taken as the length) — and with a ``learn-``
+  prefix (``"learn"``: no ``max_tokens``; ``"learn-scale:K"``) the stall weight is the
+  expected one from the answer lengths learned from finished requests
+  (``gateway.answer_lengths.AnswerLengths``), as the gateway learns them from usage.
 - Prefix knowledge is the gateway's ``ApproxPrefixIndex``, learning from its own decisions
   (block hashes stand in for the gateway's text-chunk hashes; per-worker capacity as the
   gateway sizes it) and, with ``precise=True``, the ``PreciseIndex`` fed with the engines'
@@ -23,6 +30,7 @@ from typing import Any
 
 from controlplane.policies.effective import EffectivePolicy
 from controlplane.routing.builder import build_table
+from gateway.answer_lengths import DEFAULT_OUTPUT_TOKENS, AnswerLengths
 from gateway.prefix_index import ApproxPrefixIndex, PreciseIndex
 from gateway.router import LoadReservation, NoWorkerError, WorkerLoad, plan_request
 from gateway.table import ModelRoute, parse
@@ -42,7 +50,7 @@ class GatewayRouter:
     def __init__(self, policy: dict[str, Any] | None = None, *, precise: bool = False,
                  approx_ttl_s: float = 120.0, seed: int = 0,
                  kv_tokens: int | None = None,
-                 routing: dict[str, Any] | None = None) -> None:
+                 routing: dict[str, Any] | None = None, answers: str = "true") -> None:
         self.policy = {**default_policy(), **(policy or {})}
         # Routing fields set over the builder's (a benchmark's "before" variant).
         self.routing = dict(routing or {})
@@ -58,6 +66,15 @@ class GatewayRouter:
         self._engine_of: dict[str, str] = {}  # table worker id -> engine id
         self._worker_of: dict[str, str] = {}  # engine id -> table worker id
         self._reservations: dict[str, LoadReservation] = {}
+        self.learn = answers.startswith("learn")
+        told = answers.removeprefix("learn").lstrip("-") or "fixed:0"
+        kind, _, value = told.partition(":")
+        if kind not in ("true", "fixed", "scale"):
+            raise ValueError(f"answers: unknown {answers!r}")
+        self._told = (kind, float(value or 0))
+        self.answer_lengths = AnswerLengths()
+        # request id -> (prompt, real answer length: its usage at the end)
+        self._answer_of: dict[str, tuple[int, int]] = {}
         # Per-worker KV capacity the table states, when not the builder's estimate from GPU
         # memory (an engine started with a fixed --num-gpu-blocks).
         self.kv_tokens = kv_tokens
@@ -106,8 +123,9 @@ class GatewayRouter:
         except NoWorkerError:
             return None
         self.decisions[plan.reason] += 1
+        output, weight = self._answer(model, req)
         self._reservations[req.request_id] = LoadReservation(
-            self.loads, plan, req.prompt_tokens, req.output_tokens, bs)
+            self.loads, plan, req.prompt_tokens, output, bs, weight)
         # Remembered at dispatch (requests sharing the prefix that arrive while this one
         # prefills should follow it), as the gateway does.
         self.approx.record(model.name, hashes, plan.decode, now)
@@ -115,6 +133,19 @@ class GatewayRouter:
             self.approx.record(model.name, hashes, plan.prefill, now)
         prefill = self._engine_of[plan.prefill] if plan.prefill else None
         return Route(self._engine_of[plan.decode], prefill)
+
+    def _answer(self, model: ModelRoute, req: RoutingRequest) -> tuple[int, float | None]:
+        """(output tokens the gateway books, the stall weight when learned) for a request."""
+        kind, value = self._told
+        if kind == "true":
+            return req.output_tokens, None
+        max_tokens = max(round(value * req.output_tokens), 1) if kind == "scale" else None
+        output = max_tokens or int(value) or DEFAULT_OUTPUT_TOKENS
+        if not self.learn:
+            return output, None
+        self._answer_of[req.request_id] = (req.prompt_tokens, req.output_tokens)
+        return output, self.answer_lengths.weight(model.name, req.prompt_tokens, max_tokens,
+                                                  model.ttft_itl_ratio)
 
     def prefill_done(self, request_id: str) -> None:
         reservation = self._reservations.get(request_id)
@@ -125,6 +156,9 @@ class GatewayRouter:
         reservation = self._reservations.pop(request_id, None)
         if reservation is not None:
             reservation.release()
+        answer = self._answer_of.pop(request_id, None)
+        if answer is not None and self.model is not None:
+            self.answer_lengths.observe(self.model.name, *answer)
 
     def kv_events(self, engine_id: str, events: list[dict], now: float) -> None:
         if self.precise is not None:

@@ -1,0 +1,139 @@
+"""Stall weights for answers of unknown length (gateway.answer_lengths), the reservation
+that books them, and the approximate prefix index following eviction by capacity."""
+
+from collections import defaultdict
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.answer_lengths import DEFAULT_OUTPUT_TOKENS, AnswerLengths
+from gateway.prefix_index import ApproxPrefixIndex, text_chunk_hashes
+from gateway.router import LoadReservation, RoutePlan, WorkerLoad, stall_weight
+
+RATIO = 20.0
+
+
+def test_before_enough_answers_the_weight_is_that_of_max_tokens_else_the_default():
+    lengths = AnswerLengths(min_samples=3)
+    assert lengths.weight("m", 100, 400, RATIO) == stall_weight(400, RATIO)
+    assert lengths.weight("m", 100, None, RATIO) == stall_weight(DEFAULT_OUTPUT_TOKENS, RATIO)
+    lengths.observe("m", 100, 10)
+    lengths.observe("m", 100, 10)
+    assert lengths.weight("m", 100, 400, RATIO) == stall_weight(400, RATIO)
+    lengths.observe("m", 100, 10)  # the third: learned (answers of 10 tokens: weight 1)
+    assert lengths.weight("m", 100, 400, RATIO) == 1.0
+    assert lengths.weight("m", 100, 400, 0.0) == 1.0  # no ratio: every stall in full
+
+
+def test_the_expected_weight_is_not_the_weight_of_the_mean_length():
+    lengths = AnswerLengths(min_samples=1)
+    for _ in range(50):
+        lengths.observe("m", 1000, 10)  # weight 1
+        lengths.observe("m", 1000, 1000)  # weight 0.02
+    # E[weight] = 0.51, while the mean length (505) would give 0.04.
+    assert lengths.weight("m", 1000, None, RATIO) == pytest.approx(0.51, abs=0.01)
+
+
+def test_max_tokens_cuts_the_learned_answers():
+    lengths = AnswerLengths(min_samples=1)
+    for _ in range(20):
+        lengths.observe("m", 1000, 1000)
+    assert lengths.weight("m", 1000, None, RATIO) == pytest.approx(0.02)
+    # Allowed 40 tokens, it answers at most 40: a stall weighs at least 20 / 40.
+    assert lengths.weight("m", 1000, 40, RATIO) == pytest.approx(0.5)
+
+
+def test_prompt_classes_learn_apart_and_fall_back_to_the_model():
+    lengths = AnswerLengths(min_samples=5)
+    for _ in range(10):
+        lengths.observe("m", 5000, 10)  # long prompts, short answers
+        lengths.observe("m", 300, 2000)  # short prompts, long answers
+    assert lengths.weight("m", 5000, None, RATIO) == 1.0
+    assert lengths.weight("m", 300, None, RATIO) == pytest.approx(0.01)
+    # A class never seen: the model's whole distribution (half of each).
+    assert lengths.weight("m", 40, None, RATIO) == pytest.approx(0.505, abs=0.01)
+    assert lengths.weight("other", 5000, None, RATIO) == stall_weight(128, RATIO)
+
+
+def test_old_answers_fade():
+    lengths = AnswerLengths(memory=10, min_samples=1)
+    for _ in range(100):
+        lengths.observe("m", 100, 1000)
+    for _ in range(50):
+        lengths.observe("m", 100, 10)
+    assert lengths.weight("m", 100, None, RATIO) > 0.99  # the traffic changed: follow it
+
+
+@settings(max_examples=200, deadline=None)
+@given(answers=st.lists(st.integers(1, 100_000), min_size=1, max_size=60),
+       prompt=st.integers(0, 200_000), cap=st.one_of(st.none(), st.integers(1, 100_000)),
+       ratio=st.floats(0.01, 1000))
+def test_the_weight_is_a_fraction_between_the_extremes_of_what_was_seen(answers, prompt, cap,
+                                                                        ratio):
+    lengths = AnswerLengths(min_samples=1)
+    for n in answers:
+        lengths.observe("m", prompt, n)
+    w = lengths.weight("m", prompt, cap, ratio)
+    assert 0.0 < w <= 1.0
+    cut = [min(n, cap) if cap else n for n in answers]
+    # Power-of-two buckets: within a factor 2 of the range of the weights seen.
+    assert min(stall_weight(n, ratio) for n in cut) / 2 - 1e-9 <= w
+    assert w <= min(1.0, 2 * max(stall_weight(n, ratio) for n in cut)) + 1e-9
+    if cap:  # a tighter bound never lowers the weight
+        assert lengths.weight("m", prompt, max(cap // 2, 1), ratio) >= w - 1e-9
+
+
+def test_a_reservation_books_a_given_weight_and_releases_it():
+    loads = defaultdict(WorkerLoad)
+    plan = RoutePlan("a", None, "kv_aware", ttft_itl_ratio=RATIO)
+    given_weight = LoadReservation(loads, plan, 160, 400, 16, weight=0.3)
+    from_length = LoadReservation(loads, plan, 160, 400, 16)
+    assert loads["a"].stall_weight_sum == pytest.approx(0.3 + stall_weight(400, RATIO))
+    given_weight.release()
+    from_length.release()
+    assert loads["a"].stall_weight_sum == 0 and loads["a"].own_requests == 0
+
+
+def test_approx_index_keeps_entries_of_a_sized_worker_until_its_lru_bound():
+    index = ApproxPrefixIndex(ttl_s=10)
+    index.set_capacity("w1", 6)
+    first = text_chunk_hashes("f" * 96, 32)  # 3 chunks
+    index.record("m", first, "w1", now=0)
+    index.record("m", first, "w2", now=0)  # capacity unknown: the TTL applies
+    assert index.match("m", first, now=1000) == {"w1": 3}
+    index.expire(now=1000)
+    assert index.match("m", first, now=1000) == {"w1": 3}
+    index.record("m", text_chunk_hashes("g" * 128, 32), "w1", now=1000)  # 7 > 6
+    assert index.match("m", first, now=1001) == {}  # the oldest chunk went first
+
+
+def test_sim_gateway_router_learns_answer_lengths_from_finished_requests():
+    """Told no lengths (``answers="learn"``), the simulated gateway books the expected weight
+    and learns every finished request's length, as the gateway would from usage."""
+    from workers_agent.sim.gateway_routing import GatewayRouter
+    from workers_agent.sim.virtual import VirtualFleet, uniform_fleet
+    from workers_agent.sim.workload import synthetic
+
+    with pytest.raises(ValueError):
+        GatewayRouter(answers="guess")
+    router = GatewayRouter({"ttft_p95_ms": 1000, "itl_p95_ms": 50}, answers="learn")
+    booked = []
+    real = LoadReservation.__init__
+
+    def spy(self, loads, plan, prompt_tokens, output_tokens, block_size, weight=None):
+        booked.append((output_tokens, weight))
+        real(self, loads, plan, prompt_tokens, output_tokens, block_size, weight)
+
+    LoadReservation.__init__ = spy
+    try:
+        workload = synthetic({"isl": 500, "osl": 10}, 40, 4.0, seed=1)
+        result = VirtualFleet(uniform_fleet(2, "llama-3.3-70b-fp8", "H200"),
+                              router=router).run(workload)
+    finally:
+        LoadReservation.__init__ = real
+    assert all(r.error is None for r in result.results)
+    assert all(out == DEFAULT_OUTPUT_TOKENS for out, _ in booked)  # no max_tokens
+    assert booked[0][1] == stall_weight(DEFAULT_OUTPUT_TOKENS, 20.0)  # nothing learned yet
+    assert booked[-1][1] == 1.0  # learned: 10-token answers, every stall in full
+    assert not router._answer_of
