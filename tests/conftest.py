@@ -175,6 +175,24 @@ def _drop_hot_state_of_this_run():
         pass
 
 
+@pytest.fixture(autouse=True)
+def _close_thread_sensitive_connections():
+    """Channels runs a consumer's database calls (and asgiref's thread-sensitive
+    sync_to_async) on asgiref's one shared thread; the connection it opens there outlives
+    the test (CONN_MAX_AGE). Left open at the end of the run, pytest-django cannot drop the
+    test database ("being accessed by other users", after PostgreSQL waited for it), so it
+    is closed after each test that used that thread."""
+    yield
+    from asgiref.sync import SyncToAsync
+
+    executor = SyncToAsync.single_thread_executor
+    if not executor._threads:  # never used in this run: nothing opened there
+        return
+    from django.db import connections
+
+    executor.submit(connections.close_all).result(timeout=WAIT_S)
+
+
 # End-to-end tests that start real process trees (servers, agents, simulated fleets,
 # Prometheus, Chromium) and wait on wall-clock events. On a loaded 2-core machine a wait can
 # run out; one rerun separates that from a defect, which fails both tries.

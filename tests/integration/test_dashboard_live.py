@@ -17,7 +17,7 @@ from controlplane.dashboard.consumers import (
     cluster_group,
 )
 from controlplane.topology.models import Cluster, Node
-from tests.integration.live_support import WAIT_S
+from tests.integration.live_support import WAIT_S, beyond_status, next_update
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -53,9 +53,7 @@ async def test_snapshot_then_coalesced_updates():
             await layer.group_send(cluster_group(cluster_id),
                                    {"type": "telemetry.changed", "node_ids": [node_id]})
         span = loop.time() - started
-        updates = [await communicator.receive_from(timeout=WAIT_S)]
-        while not await communicator.receive_nothing(timeout=1.2):
-            updates.append(await communicator.receive_from(timeout=WAIT_S))
+        updates = [await next_update(communicator), *await beyond_status(communicator, 1.2)]
         # ...becomes one fragment for that node only, at most once per flush interval: one
         # update on a quiet box, where the burst fits an interval; a starved box may spread
         # it over two or more.
@@ -87,7 +85,7 @@ async def test_user_without_a_role_receives_nothing():
         await get_channel_layer().group_send(
             cluster_group(cluster_id), {"type": "telemetry.changed", "node_ids": [node_id]}
         )
-        assert await communicator.receive_nothing(timeout=1.5)
+        assert await beyond_status(communicator, 1.5) == []
     finally:
         await communicator.disconnect()
     await asyncio.sleep(0)

@@ -15,7 +15,7 @@ from django.test import Client
 from controlplane.accounts.access import set_role
 from controlplane.dashboard.consumers import GLOBAL_GROUP, LiveTopologyConsumer, cluster_group
 from controlplane.topology.models import Cluster, Node, ServedModel
-from tests.integration.live_support import WAIT_S
+from tests.integration.live_support import WAIT_S, next_update
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -63,7 +63,7 @@ async def test_a_new_plan_reaches_plans_and_models_pages(page, region, monkeypat
         await sync_to_async(_new_plan)(cluster)
         await get_channel_layer().group_send(cluster_group(cluster.pk),
                                              {"type": "page.changed"})
-        update = await communicator.receive_from(timeout=WAIT_S)
+        update = await next_update(communicator)
         assert f'id="{region}" hx-swap-oob="true"' in update and "live-plan-marker" in update
         # Nothing changed since: at most a small status heartbeat, never the region again.
         later = await communicator.receive_from(timeout=WAIT_S)
@@ -83,7 +83,7 @@ async def test_routing_page_updates_on_a_new_table_version():
         await sync_to_async(RoutingTableVersion.objects.create)(
             cluster=cluster, version=77, body={"version": 77}, cause="test", actor="t")
         await get_channel_layer().group_send(cluster_group(cluster.pk), {"type": "page.changed"})
-        update = await communicator.receive_from(timeout=WAIT_S)
+        update = await next_update(communicator)
         assert "v77" in update
     finally:
         await communicator.disconnect()
@@ -106,7 +106,7 @@ async def test_alerts_page_updates_when_an_alert_opens():
             active_since=timezone.now(), starts_at=timezone.now(),
             last_evaluated_at=timezone.now())
         await get_channel_layer().group_send(GLOBAL_GROUP, {"type": "page.changed"})
-        update = await communicator.receive_from(timeout=WAIT_S)
+        update = await next_update(communicator)
         assert "live-alert-marker" in update
     finally:
         await communicator.disconnect()
@@ -126,7 +126,7 @@ async def test_node_page_updates_card_and_engines():
             state="draining")
         await get_channel_layer().group_send(
             cluster_group(cluster.pk), {"type": "topology.changed", "node_ids": [node.pk]})
-        update = await communicator.receive_from(timeout=WAIT_S)
+        update = await next_update(communicator)
         assert 'id="engines-live" hx-swap-oob="true"' in update and ">resume</button>" in update
         # A form in a live fragment carries a CSRF token field (from the browser's cookie).
         assert 'name="csrfmiddlewaretoken"' in update
@@ -183,7 +183,7 @@ async def test_big_fleet_topology_is_rack_tiles_and_hints_update_one_rack():
         await get_channel_layer().group_send(
             cluster_group(cluster.pk),
             {"type": "telemetry.changed", "node_ids": [nodes[0].pk, nodes[1].pk]})
-        update = await communicator.receive_from(timeout=WAIT_S)
+        update = await next_update(communicator)
         assert update.count('class="rack-tile"') == 1 and "n000" in update
     finally:
         await communicator.disconnect()

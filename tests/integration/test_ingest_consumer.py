@@ -29,12 +29,6 @@ def redis_prefix(settings):
 
     framelimits._buckets.clear()
     yield
-    from asgiref.sync import sync_to_async
-    from django.db import connections
-
-    # Close the connections opened by database_sync_to_async's thread, so the test
-    # database can be dropped at the end of the run.
-    asyncio.run(sync_to_async(connections.close_all)())
     client = hotstate.sync_redis()
     keys = list(client.scan_iter(settings.TELEMETRY_REDIS_PREFIX + "*"))
     if keys:

@@ -57,11 +57,6 @@ def test_hello_with_metrics_port_lists_the_agent(settings):
         }).decode())
         welcome = orjson.loads(await ws.receive_from(timeout=WAIT_S))
         await ws.disconnect(timeout=WAIT_S)  # waits for the reconcile that stores the URL
-        # Close the consumer thread's database connection so the test database can go.
-        from asgiref.sync import sync_to_async
-        from django.db import connections
-
-        await sync_to_async(connections.close_all)()
         return welcome
 
     assert asyncio.run(say_hello())["type"] == "welcome"
