@@ -322,9 +322,11 @@ def test_concurrent_sweepers_never_send_twice(tmp_path):
                 next_attempt_at=timezone.now(),
             )
         errors = []
+        together = threading.Barrier(4, timeout=WAIT_S)  # all four sweep from the start
 
         def sweeper(name):
             try:
+                together.wait()
                 sweep(worker=name, time_budget_s=20)
             except Exception as exc:  # pragma: no cover - reported below
                 errors.append(exc)
