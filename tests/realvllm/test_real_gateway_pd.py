@@ -21,7 +21,7 @@ import pytest
 import requests
 
 from gateway.statictable import static_table
-from tests.conftest import ROOT, free_port, stop_process
+from tests.conftest import ROOT, START_S, free_port, stop_process
 from tests.realvllm import engine_probe as probe
 from tests.realvllm.conftest import BLOCK_SIZE, MODEL_NAME
 from tests.realvllm.test_real_pd_direct import transfer_counters, transfer_counters_after
@@ -67,7 +67,7 @@ def _gateway(table_file: Path, workdir: Path, *extra: str) -> Iterator[str]:
     log.close()
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + START_S  # a start beside two engines
         while True:
             if proc.poll() is not None:
                 pytest.fail(f"gateway exited: {log_path.read_text()[-3000:]}")
