@@ -37,7 +37,7 @@ from .kv_subscriber import KvEventSubscriber
 from .metrics import GatewayMetrics
 from .pairs import PairHealth
 from .peers import PeerBus
-from .prefix_index import ApproxPrefixIndex, PreciseIndex, TokenEstimator
+from .prefix_index import ApproxPrefixIndex, PreciseIndex, TokenEstimator, request_token_ids
 from .prefix_knowledge import PrefixKnowledge
 from .proxy import PairFailure, UpstreamFailure
 from .request_driver import RequestDriver
@@ -236,8 +236,13 @@ class Gateway(AdminAPI, PrefixKnowledge, RequestDriver):
             # The label is not the name asked for: clients must not mint metric series.
             return self._reject(404, f"The model `{str(model_name)[:200]}` does not exist.",
                                 "(unknown)", endpoint, kind="model_not_found")
+        counted = self.metrics.model(model.name)
         request_id = request.headers.get("X-Request-Id") or self._next_request_id()
-        prompt = await self._prompt_view(model, body, chat)
+        token_ids = request_token_ids(body)
+        if token_ids is None and self.config.tokenize_via_engine and model.name in self.precise:
+            token_ids = await self._tokenize(model, body, chat)
+        now = time.monotonic()
+        prompt = self._prompt_of(model, body, token_ids, now)
         exclude: set[str] = set()
         bad_pairs: set[tuple[str, str]] = set()
         attempt = 0
@@ -245,13 +250,13 @@ class Gateway(AdminAPI, PrefixKnowledge, RequestDriver):
         # for the near ties: worked out for those alone.
         inflow = None
         if model.cache_balance_band > 0 and model.temperature <= 0:
-            inflow = _Inflow(self.approx, time.monotonic())
+            inflow = _Inflow(self.approx, now)
         while True:
             try:
                 plan = plan_request(model, prompt["tokens"], prompt["cached"], self.loads,
                                     self.rng, exclude, inflow)
             except NoWorkerError as exc:
-                self.metrics.child(self.metrics.errors, model.name, "no_worker").inc()
+                counted.errors["no_worker"].inc()
                 return self._reject(503, str(exc), model.name, endpoint,
                                     kind="service_unavailable")
             if plan.prefill and ((plan.prefill, plan.decode) in bad_pairs
@@ -261,13 +266,14 @@ class Gateway(AdminAPI, PrefixKnowledge, RequestDriver):
                 exclude.add(plan.prefill)
                 continue
             reason = plan.reason if attempt == 0 else f"retry_{plan.reason}"
-            self.metrics.child(self.metrics.decisions, model.name, reason).inc()
-            why = self._explain(model, plan, prompt, request_id, retried=attempt > 0)
+            counted.decisions[reason].inc()
+            why = self._explain(model, plan, prompt, request_id, retried=attempt > 0,
+                                counted=counted)
             try:
                 response = await self._execute(request, model, plan, body, raw, endpoint,
                                                chat, request_id, prompt, started, why)
             except UpstreamFailure as exc:
-                self.metrics.child(self.metrics.errors, model.name, "upstream").inc()
+                counted.errors["upstream"].inc()
                 log.warning("request %s: %s", request_id, exc)
                 if isinstance(exc, PairFailure):
                     self.pairs.failed(exc.prefill, exc.decode, exc.kind)
@@ -282,11 +288,10 @@ class Gateway(AdminAPI, PrefixKnowledge, RequestDriver):
                 if attempt >= self.config.max_attempts or not self.config.retry_before_first_byte:
                     return self._reject(502, f"upstream failed: {exc.reason}", model.name,
                                         endpoint, kind="upstream_error")
-                self.metrics.child(self.metrics.retries, model.name, "before_first_byte").inc()
+                counted.retries["before_first_byte"].inc()
                 continue
-            self.metrics.child(self.metrics.requests, model.name, endpoint,
-                               "200" if response is None else str(response.status)).inc()
-            self.metrics.child(self.metrics.e2e, model.name).observe(time.perf_counter() - started)
+            counted.requests[endpoint][200 if response is None else response.status].inc()
+            counted.e2e.observe(time.perf_counter() - started)
             return response
 
     def _next_request_id(self) -> str:
@@ -295,19 +300,21 @@ class Gateway(AdminAPI, PrefixKnowledge, RequestDriver):
         return f"{self._id_prefix}{next(self._id_counter):x}"
 
     def _reject(self, status, message, model, endpoint, kind="invalid_request_error") -> Reply:
-        self.metrics.child(self.metrics.requests, model, endpoint, str(status)).inc()
+        self.metrics.model(model).requests[endpoint][status].inc()
         return openai_error(status, message, kind)
 
     def _explain(self, model: ModelRoute, plan, prompt, request_id: str, *,
-                 retried: bool) -> str:
+                 retried: bool, counted=None) -> str:
         """The deciding rule, counted; the avoidable prefill, counted; a sampled log entry;
-        returns the X-Pdplane-Route header value."""
+        returns the X-Pdplane-Route header value. ``counted``: the model's metrics."""
+        if counted is None:
+            counted = self.metrics.model(model.name)
         rule = explain.rule_of(plan, retried, model.temperature)
-        self.metrics.child(self.metrics.route_rules, model.name, rule).inc()
+        counted.route_rules[rule].inc()
         avoidable, on = explain.avoidable_prefill(plan, model, prompt["cached"],
                                                   prompt["tokens"])
         if avoidable:
-            self.metrics.child(self.metrics.avoidable_prefill_tokens, model.name).inc(avoidable)
+            counted.avoidable_prefill_tokens.inc(avoidable)
         if self.decision_log.wants(rule, avoidable):
             self.decision_log.add(request_id=request_id, model=model.name, rule=rule,
                                   plan=plan, prompt_tokens=prompt["tokens"],

@@ -56,9 +56,9 @@ def avoidable_prefill(plan: RoutePlan, model: ModelRoute, cached: Mapping[str, i
                       prompt_tokens: int) -> tuple[int, str | None]:
     """(tokens, worker): how much more of the prompt the best other eligible worker held
     than the one that prefills it (0, None when none held more)."""
-    if not cached:
-        return 0, None
     at = prefill_worker(plan)
+    if not cached or (len(cached) == 1 and at in cached):
+        return 0, None  # nobody else is believed to hold any of it
     have = min(cached.get(at, 0), prompt_tokens)
     remote = plan.prefill is not None
     best, best_worker = have, None

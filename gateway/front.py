@@ -71,7 +71,12 @@ class _Conn(asyncio.Protocol):
         self.queue: deque[Request] = deque()
         self.parsing: Request | None = None  # the request whose bytes are arriving
         self.url = b""
+        # One task per connection answers its requests in order, then waits for the next
+        # (``idle``) while the connection is kept: a task per request cost its creation
+        # and the loop's task registry every time.
         self.task: asyncio.Task | None = None
+        self.idle: asyncio.Future | None = None
+        self.answering = False  # a request is being answered (the sweeper leaves it be)
         self.head_bytes = 0
         self.closed = False
         self.reading_paused = False
@@ -85,7 +90,10 @@ class _Conn(asyncio.Protocol):
     # -- asyncio.Protocol
     def connection_made(self, transport) -> None:
         self.transport = transport
-        self.front.conns.add(self)
+        front = self.front
+        front.conns.add(self)
+        if front.loop is None:  # a Front not started by start() (tests)
+            front.loop = asyncio.get_running_loop()
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             with contextlib.suppress(OSError):  # answers are single writes: send at once
@@ -167,9 +175,8 @@ class _Conn(asyncio.Protocol):
             req.error = plain(413, f"413: request body over the {MAX_BODY}-byte limit")
             req.discard = True
         self.queue.append(req)
-        if self.task is None:
-            self.task = asyncio.get_running_loop().create_task(self._serve_queue())
-        elif len(self.queue) > MAX_PIPELINED:
+        self._kick()
+        if len(self.queue) > MAX_PIPELINED:
             self._pause()
 
     def on_body(self, body: bytes) -> None:
@@ -228,7 +235,7 @@ class _Conn(asyncio.Protocol):
         """Write, and wait while the client's socket buffer is full."""
         self.write(data)
         if self.write_paused:
-            self.drain = asyncio.get_running_loop().create_future()
+            self.drain = self.front.loop.create_future()
             try:
                 await self.drain
             finally:
@@ -250,13 +257,28 @@ class _Conn(asyncio.Protocol):
         self.parsing = None
         self.input_done = True
         self._pause()
-        if self.task is None:
-            self.task = asyncio.get_running_loop().create_task(self._serve_queue())
+        self._kick()
 
     # -- answering
+    def _kick(self) -> None:
+        """A request was queued: start the connection's task, or wake it."""
+        if self.task is None:
+            self.task = self.front.loop.create_task(self._serve_queue())
+        elif self.idle is not None and not self.idle.done():
+            self.idle.set_result(None)
+
     async def _serve_queue(self) -> None:
         try:
-            while self.queue and not self.closed:
+            while not self.closed:
+                if not self.queue:
+                    self.answering = False
+                    self.idle = self.front.loop.create_future()
+                    try:
+                        await self.idle
+                    finally:
+                        self.idle = None
+                    continue
+                self.answering = True
                 req = self.queue[0]
                 await self._answer(req)
                 self.queue.popleft()
@@ -279,6 +301,7 @@ class _Conn(asyncio.Protocol):
             self.transport.close()  # the client went away mid-answer
         finally:
             self.task = None
+            self.answering = False
 
     async def _answer(self, req: Request) -> None:
         front = self.front
@@ -322,6 +345,7 @@ class Front:
             if method == "GET":
                 self.routes[path]["HEAD"] = handler
         self.conns: set[_Conn] = set()
+        self.loop: asyncio.AbstractEventLoop | None = None  # set by start()
         self.ticks = 0  # seconds of sweeps: the clock of the slow-client limits
 
     async def plain(self, req: Request) -> Reply:
@@ -346,9 +370,9 @@ class Front:
             self.ticks += 1
             refresh_date()
             for conn in list(self.conns):
-                if conn.task is not None or conn.progress != conn.seen[0]:
+                if conn.answering or conn.progress != conn.seen[0]:
                     conn.seen = (conn.progress, self.ticks)  # answering, or moving
-                if conn.task is not None:
+                if conn.answering:
                     continue  # a stream may last minutes
                 quiet = self.ticks - conn.seen[1]
                 req = conn.parsing
@@ -368,7 +392,7 @@ class Front:
 
     async def start(self, host: str, port: int, reuse_port: bool = False):
         """The gateway's start-up, then listen; returns the asyncio server."""
-        loop = asyncio.get_running_loop()
+        loop = self.loop = asyncio.get_running_loop()
         refresh_date()
         await self.gateway._startup(None)
         server = await loop.create_server(lambda: _Conn(self), host, port, backlog=1024,
@@ -383,9 +407,9 @@ class Front:
         self._sweeper.cancel()
         deadline = time.monotonic() + SHUTDOWN_S
         for conn in list(self.conns):
-            if conn.task is None:
+            if not conn.answering:
                 conn.transport.close()
-        while any(c.task is not None for c in self.conns) and time.monotonic() < deadline:
+        while any(c.answering for c in self.conns) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         for conn in list(self.conns):
             conn.transport.close()

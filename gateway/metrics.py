@@ -96,6 +96,26 @@ class _Family:
         yield family
 
 
+class Children(dict):
+    """A family's children by their last label values, the first ones fixed
+    (``Children(family, "m")["a"]`` is ``family.labels("m", "a")``; with two labels left,
+    ``[…][…]``): what the request path counts into costs one dict lookup per label, no
+    tuple building or conversion after the first time."""
+
+    __slots__ = ("family", "fixed")
+
+    def __init__(self, family: _Family, *fixed: str) -> None:
+        super().__init__()
+        self.family, self.fixed = family, fixed
+
+    def __missing__(self, value):
+        labels = (*self.fixed, value)
+        child = (Children(self.family, *labels) if len(labels) < len(self.family.labelnames)
+                 else self.family.labels(*labels))
+        self[value] = child
+        return child
+
+
 class Counter(_Family):
     kind = "counter"
 
@@ -202,6 +222,10 @@ class GatewayMetrics:
             registry=r,
         )
         self._children: dict = {}
+        self._models: dict[str, ModelMetrics] = {}
+        # Per worker (by id): the request path's children, one lookup each.
+        self.in_flight_of = Children(self.in_flight)
+        self.worker_requests_of = Children(self.worker_requests)  # [worker][stage]
         self._pair_collector = _PairCollector(None)
         r.register(self._pair_collector)
         self._kv_collector = _KvStreamCollector({})
@@ -216,6 +240,13 @@ class GatewayMetrics:
             found = self._children[key] = metric.labels(*labels)
         return found
 
+    def model(self, name: str) -> ModelMetrics:
+        """The children one model's requests count into (made on first use)."""
+        found = self._models.get(name)
+        if found is None:
+            found = self._models[name] = ModelMetrics(self, name)
+        return found
+
     def watch_pairs(self, pairs) -> None:
         self._pair_collector.pairs = pairs
 
@@ -223,6 +254,27 @@ class GatewayMetrics:
         """Export the KV-event streams' state (worker id → kvstream.KvStream) at scrape
         time: nothing is counted per event or per request."""
         self._kv_collector.streams = streams
+
+
+class ModelMetrics:
+    """One model's metric children: what a request of that model updates, resolved once."""
+
+    __slots__ = ("avoidable_prefill_tokens", "decisions", "e2e", "errors", "itl",
+                 "prefix_hit_tokens", "prompt_tokens", "requests", "retries", "route_rules",
+                 "ttft")
+
+    def __init__(self, metrics: GatewayMetrics, model: str) -> None:
+        self.requests = Children(metrics.requests, model)  # [endpoint][status]
+        self.errors = Children(metrics.errors, model)  # [kind]
+        self.retries = Children(metrics.retries, model)  # [stage]
+        self.decisions = Children(metrics.decisions, model)  # [reason]
+        self.route_rules = Children(metrics.route_rules, model)  # [rule]
+        self.ttft = metrics.ttft.labels(model)
+        self.itl = metrics.itl.labels(model)
+        self.e2e = metrics.e2e.labels(model)
+        self.prefix_hit_tokens = metrics.prefix_hit_tokens.labels(model)
+        self.prompt_tokens = metrics.prompt_tokens.labels(model)
+        self.avoidable_prefill_tokens = metrics.avoidable_prefill_tokens.labels(model)
 
 
 class _KvStreamCollector:

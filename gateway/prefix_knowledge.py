@@ -8,6 +8,7 @@ A mixin of :class:`gateway.app.Gateway`.
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -27,24 +28,23 @@ from .prefix_index import (
 from .table import ModelRoute
 
 _PROMPT_TOKENS_KEY = b'"prompt_tokens"'
+_PROMPT_TOKENS_VALUE = re.compile(rb"[ \t\r\n]*:[ \t\r\n]*([0-9]+)")
 
 
 def _usage_prompt_tokens(payload: bytes) -> int | None:
     """``usage.prompt_tokens`` of an answer without decoding all of it (an answer can be
-    long; only this one number is wanted): the last ``"prompt_tokens": <int>`` in it. The
-    key cannot occur unescaped inside generated text (its quotes would be escaped)."""
+    long; only this one number is wanted): the last ``"prompt_tokens": <int>`` in it (at
+    most 12 digits, within 32 bytes of the key). The key cannot occur unescaped inside
+    generated text (its quotes would be escaped)."""
     at = payload.rfind(_PROMPT_TOKENS_KEY)
     if at < 0:
         return None
-    rest = payload[at + len(_PROMPT_TOKENS_KEY):at + len(_PROMPT_TOKENS_KEY) + 32]
-    rest = rest.lstrip(b" \t\r\n")
-    if not rest.startswith(b":"):
+    start = at + len(_PROMPT_TOKENS_KEY)
+    found = _PROMPT_TOKENS_VALUE.match(payload, start, start + 32)
+    if found is None:
         return None
-    digits = rest[1:].lstrip(b" \t\r\n")
-    end = 0
-    while end < len(digits) and 48 <= digits[end] <= 57:
-        end += 1
-    return int(digits[:end]) if 0 < end <= 12 else None
+    digits = found.group(1)
+    return int(digits) if len(digits) <= 12 else None
 
 
 class PrefixKnowledge:
@@ -79,14 +79,23 @@ class PrefixKnowledge:
         self.approx.forget_worker(worker_id)
 
     async def _prompt_view(self, model: ModelRoute, body: dict, chat: bool) -> dict[str, Any]:
-        """Prompt length and who is believed to hold its prefix."""
-        estimator = self.estimators.setdefault(model.name, TokenEstimator())
-        text = request_text(body)
+        """Prompt length and who is believed to hold its prefix (tokenised by a worker
+        first with ``tokenize_via_engine``)."""
         token_ids = request_token_ids(body)
-        precise = self.precise.get(model.name)
-        if token_ids is None and self.config.tokenize_via_engine and precise is not None:
+        if token_ids is None and self.config.tokenize_via_engine and model.name in self.precise:
             token_ids = await self._tokenize(model, body, chat)
-        now = time.monotonic()
+        return self._prompt_of(model, body, token_ids, time.monotonic())
+
+    def _prompt_of(self, model: ModelRoute, body: dict, token_ids: list[int] | None,
+                   now: float) -> dict[str, Any]:
+        """:meth:`_prompt_view` once the token ids (if any) are known: ``tokens`` (the
+        prompt's length), ``cached`` (worker → tokens of it believed held, at most
+        ``tokens``), ``hashes`` (its chunk hashes, computed once: matched here, recorded at
+        dispatch), ``chars``."""
+        estimator = self.estimators.get(model.name)
+        if estimator is None:
+            estimator = self.estimators[model.name] = TokenEstimator()
+        text = request_text(body)
         if text:
             chunk_chars = int(model.block_size * CHARS_PER_TOKEN)
             hashes = text_chunk_hashes(text, chunk_chars)
@@ -96,14 +105,20 @@ class PrefixKnowledge:
             hashes = token_block_hashes(token_ids or [], model.block_size)
             unit = model.block_size
             tokens = len(token_ids or [])
-        cached = {w: int(n * unit) for w, n in self.approx.match(model.name, hashes, now).items()}
-        if token_ids and precise is not None:
+        cached = {}
+        if hashes:
+            for w, n in self.approx.match(model.name, hashes, now).items():
+                held = int(n * unit)
+                cached[w] = held if held < tokens else tokens
+        precise = self.precise.get(model.name) if token_ids else None
+        if precise is not None:
             subscriber = self.subscriber
             for w, held in precise.match(token_ids).items():
                 if subscriber is not None and subscriber.stalled(w):
                     continue  # stalled stream: its precise entries may be stale
-                cached[w] = max(cached.get(w, 0), held)
-        cached = {w: min(t, tokens) for w, t in cached.items()}
+                held = held if held < tokens else tokens
+                if held > cached.get(w, 0):
+                    cached[w] = held
         return {"tokens": tokens, "cached": cached, "hashes": hashes, "chars": len(text)}
 
     async def _tokenize(self, model: ModelRoute, body: dict, chat: bool) -> list[int] | None:
@@ -127,10 +142,12 @@ class PrefixKnowledge:
         except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
             return None
 
-    def _remember_prefix(self, model: ModelRoute, plan, prompt) -> None:
-        now = time.monotonic()
+    def _remember_prefix(self, model: ModelRoute, plan, prompt, counted=None) -> None:
+        """At dispatch: the workers the plan sends the prompt to are believed to hold it.
+        ``counted``: the model's metrics (:meth:`GatewayMetrics.model`)."""
         hashes = prompt["hashes"]
         if hashes:
+            now = time.monotonic()
             self.approx.record(model.name, hashes, plan.decode, now)
             if plan.prefill:
                 self.approx.record(model.name, hashes, plan.prefill, now)
@@ -142,8 +159,10 @@ class PrefixKnowledge:
                 model.block_size:
             # At least one uncached block: the engine will store it and publish an event.
             self.subscriber.expect_events(plan.prefill or plan.decode)
-        self.metrics.child(self.metrics.prefix_hit_tokens, model.name).inc(plan.cached_tokens)
-        self.metrics.child(self.metrics.prompt_tokens, model.name).inc(prompt["tokens"])
+        if counted is None:
+            counted = self.metrics.model(model.name)
+        counted.prefix_hit_tokens.inc(plan.cached_tokens)
+        counted.prompt_tokens.inc(prompt["tokens"])
 
     def _learn_from_stream_tail(self, model, prompt, tail: bytes) -> None:
         for line in reversed(tail.split(b"\n")):

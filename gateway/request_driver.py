@@ -52,8 +52,7 @@ class Reservation:
             gateway.peers.load(decode_worker, 0.0, decode_blocks, 1)
 
     def _gauge(self, worker_id: str) -> None:
-        self.gw.metrics.child(self.gw.metrics.in_flight, worker_id).set(
-            self.gw.loads[worker_id].in_flight)
+        self.gw.metrics.in_flight_of[worker_id].set(self.gw.loads[worker_id].in_flight)
 
     def prefill_done(self) -> None:
         held = self.load.prefill
@@ -78,6 +77,7 @@ class RequestDriver:
 
     async def _execute(self, request, model: ModelRoute, plan, body, raw, endpoint, chat,
                        request_id, prompt, started, why: str = ""):
+        counted = self.metrics.model(model.name)
         bs = model.block_size
         max_out = body.get("max_tokens") or body.get("max_completion_tokens")
         out_tokens = max_out if isinstance(max_out, int) and max_out > 0 else DEFAULT_OUTPUT_TOKENS
@@ -89,7 +89,7 @@ class RequestDriver:
         stream = bool(body.get("stream"))
         # Remember the prefix at dispatch, not at the first token: requests sharing it that
         # arrive while this one is still prefilling should follow it (as SGLang's tree does).
-        self._remember_prefix(model, plan, prompt)
+        self._remember_prefix(model, plan, prompt, counted)
         try:
             until_first_token = self._until_first_token(
                 model, plan, body, raw, endpoint, chat, headers, prompt, stream, reservation
@@ -104,8 +104,7 @@ class RequestDriver:
                     # Shed: the TTFT target is lost already; cancelling the upstream request
                     # (the connection closes, the engine aborts it) frees the engine for
                     # the requests queued behind it. No retry: the fleet is overloaded.
-                    self.metrics.child(self.metrics.errors, model.name,
-                                       "first_token_deadline").inc()
+                    counted.errors["first_token_deadline"].inc()
                     return self._reject(
                         503, f"no first token within {model.first_token_deadline_ms:.0f} ms "
                         "(the gateway sheds requests that have missed their latency target)",
@@ -116,12 +115,10 @@ class RequestDriver:
                 return upstream
             try:
                 reservation.prefill_done()
-                response_headers = {
-                    **upstream.client_headers(),
-                    "X-Request-Id": request_id,
-                    "X-Pdplane-Worker": plan.decode,
-                    explain.ROUTE_HEADER: why,
-                }
+                response_headers = upstream.client_headers()  # a new dict, then ours
+                response_headers["X-Request-Id"] = request_id
+                response_headers["X-Pdplane-Worker"] = plan.decode
+                response_headers[explain.ROUTE_HEADER] = why
                 if plan.prefill:
                     response_headers["X-Pdplane-Prefill-Worker"] = plan.prefill
                 if not stream or upstream.status != 200:
@@ -130,7 +127,7 @@ class RequestDriver:
                     self._learn_tokens(model, prompt, payload)
                     return Reply(upstream.status, payload, response_headers)
                 ttft = time.perf_counter() - started
-                self.metrics.child(self.metrics.ttft, model.name).observe(ttft)
+                counted.ttft.observe(ttft)
                 return await self._relay(request, upstream, response_headers, model, prompt)
             finally:
                 upstream.close()
@@ -143,16 +140,16 @@ class RequestDriver:
         the open upstream, or a Reply to pass on (the prefill worker refused the request)."""
         data = raw
         worker = model.worker(plan.decode)
-        handshake = handshake_for(worker.engine)
+        handshake = None
         if plan.prefill:
+            handshake = handshake_for(worker.engine)
             early = await self._prefill(model, plan, body, endpoint, chat, headers, prompt,
                                         handshake)
             if isinstance(early, Reply):
                 return early
             reservation.prefill_done()
             data = orjson.dumps(handshake.decode_request(body, early))
-        self.metrics.child(self.metrics.worker_requests, worker.id, "decode" if plan.prefill else
-                                            "full").inc()
+        self.metrics.worker_requests_of[worker.id]["decode" if plan.prefill else "full"].inc()
         upstream = await open_upstream(
             self.pool, worker.id, self._url(worker.url, endpoint), data, headers,
             timeout=self.upstream_timeout,
@@ -181,7 +178,7 @@ class RequestDriver:
 
     async def _prefill(self, model, plan, body, endpoint, chat, headers, prompt, handshake):
         worker = model.worker(plan.prefill)
-        self.metrics.child(self.metrics.worker_requests, worker.id, "prefill").inc()
+        self.metrics.worker_requests_of[worker.id]["prefill"].inc()
         try:
             upstream = await open_upstream(
                 self.pool, worker.id, self._url(worker.url, endpoint),
@@ -206,7 +203,7 @@ class RequestDriver:
         self._learn_tokens(model, prompt, payload, answer)
         params = handshake.transfer_params(answer)
         if params is None:
-            self.metrics.child(self.metrics.decisions, model.name, "pd_no_kv_params").inc()
+            self.metrics.model(model.name).decisions["pd_no_kv_params"].inc()
             return None
         return params
 
@@ -232,7 +229,8 @@ class RequestDriver:
         """The stream, relayed to the client as it comes (``request`` is the server's
         exchange). A chunk that ends the answer goes out with the stream's end, in one
         write."""
-        itl = self.metrics.child(self.metrics.itl, model.name)
+        counted = self.metrics.model(model.name)
+        itl = counted.itl
         tail = upstream.first_chunk
         content = upstream.response.content
         try:
@@ -255,10 +253,10 @@ class RequestDriver:
             if b'"prompt_tokens"' in tail:  # stream_options.include_usage: learn from it
                 self._learn_from_stream_tail(model, prompt, tail)
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-            self.metrics.child(self.metrics.errors, model.name, "client_disconnect").inc()
+            counted.errors["client_disconnect"].inc()
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             # After the first byte there is no retry: end the stream, count it.
-            self.metrics.child(self.metrics.errors, model.name, "upstream_mid_stream").inc()
+            counted.errors["upstream_mid_stream"].inc()
             log.warning("upstream %s failed mid-stream: %r", upstream.worker_id, exc)
 
     def _url(self, base: str, endpoint: str) -> Target:

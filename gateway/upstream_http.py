@@ -80,6 +80,7 @@ class _Connection(asyncio.Protocol):
         "closed",
         "idle_since",
         "key",
+        "loop",
         "parser",
         "pool",
         "response",
@@ -91,7 +92,10 @@ class _Connection(asyncio.Protocol):
         self.pool = pool
         self.key = key
         self.transport: asyncio.Transport | None = None
-        self.parser = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        # One parser for the connection's answers, one after the other (llhttp starts
+        # over after each complete message; a connection is reused only after one).
+        self.parser = httptools.HttpResponseParser(self)
         self.response: UpstreamResponse | None = None
         self.closed = False
         self.idle_since = 0.0
@@ -101,6 +105,7 @@ class _Connection(asyncio.Protocol):
     # -- asyncio.Protocol
     def connection_made(self, transport) -> None:
         self.transport = transport
+        self.loop = asyncio.get_running_loop()
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             # Each request is one write, but an answer read promptly needs no delayed ACK.
@@ -294,7 +299,7 @@ class UpstreamResponse:
 
     # -- driven by the connection
     async def _wait(self) -> None:
-        waiter = self._waiter = asyncio.get_running_loop().create_future()
+        waiter = self._waiter = self._conn.loop.create_future()
         try:
             await waiter
         finally:
@@ -353,7 +358,6 @@ class UpstreamPool:
                 conn = await self._connect(loop, key, timeouts.connect, deadline)
             response = UpstreamResponse(conn)
             conn.response = response
-            conn.parser = httptools.HttpResponseParser(conn)
             if deadline is not None:
                 response._timer = loop.call_at(deadline, response._timed_out)
             conn.transport.write(request)
@@ -412,7 +416,6 @@ class UpstreamPool:
             conn.close()
             return
         conn.idle_since = time.monotonic()
-        conn.parser = None
         idle.append(conn)
 
     def _forget(self, conn: _Connection) -> None:
