@@ -1,0 +1,37 @@
+"""bench/router_quality.py's summary: the spread goal and when the hit rate pays for it."""
+
+from bench.router_quality import summarize_rows
+
+
+def row(router, goodput, hit, spread, engines=8, trace="t", load=4.0):
+    return {"trace": trace, "engines": engines, "load": load, "router": router,
+            "goodput_rps": goodput, "hit_rate": hit, "spread_max_over_mean": spread}
+
+
+def cell(rows):
+    return summarize_rows(rows)["t@4x"]
+
+
+def test_a_spread_within_the_limit_meets_the_goal():
+    s = cell([row("pdplane", 1.0, 0.0, 1.5), row("round-robin", 1.2, 0.0, 1.0)])
+    assert s["spread_goal_met"] and not s["by_engines"][8]["spread_paid_by_hit_rate"]
+
+
+def test_a_wider_spread_is_paid_only_by_more_reuse_and_no_less_goodput():
+    baselines = [row("round-robin", 1.0, 0.01, 1.0), row("dynamo-cost", 0.9, 0.10, 1.3)]
+    paid = cell([row("pdplane", 1.1, 0.12, 2.0), *baselines])
+    assert paid["spread_goal_met"] and paid["by_engines"][8]["spread_paid_by_hit_rate"]
+    # Reuse no higher than the best baseline's (no reuse at all: 0 = 0) pays for nothing.
+    assert not cell([row("pdplane", 1.1, 0.10, 2.0), *baselines])["spread_goal_met"]
+    # More reuse but less goodput than the best baseline: not paid.
+    assert not cell([row("pdplane", 0.95, 0.12, 2.0), *baselines])["spread_goal_met"]
+
+
+def test_the_goal_holds_only_when_it_holds_for_every_fleet_size():
+    rows = [row("pdplane", 1.0, 0.0, 1.2), row("round-robin", 1.0, 0.0, 1.0),
+            row("pdplane", 1.0, 0.0, 1.6, engines=32), row("round-robin", 1.0, 0.0, 1.0,
+                                                             engines=32)]
+    s = cell(rows)
+    assert not s["spread_goal_met"]
+    assert s["by_engines"][8]["spread_goal_met"] and not s["by_engines"][32]["spread_goal_met"]
+    assert s["pdplane_vs_best_baseline"] == 1.0 and s["pdplane_max_spread"] == 1.6
