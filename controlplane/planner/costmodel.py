@@ -358,6 +358,11 @@ class Workload:
     # Share of requests the gateway placed by prefix affinity (its routing decisions by
     # reason, "kv_prefix"); None: the upper bound from the hit rate (see affinity_share).
     affinity_share: float | None = None
+    # Conditional P/D (the gateway's router in a split): a prompt whose part not cached on
+    # its decode worker is at most this many tokens is prefilled there, in decode steps,
+    # not in the prefill pool (policy ``local_prefill_max_tokens``); 0 = every prompt goes
+    # to the prefill pool (``disaggregated`` mode).
+    local_prefill_max_tokens: int = 0
 
     @property
     def uncached_mean(self) -> float:
@@ -436,6 +441,7 @@ class Prediction:
     fits: bool = True  # weights fit the worker
     n_both: int = 0  # workers serving whole requests in place beside a split (mid-move)
     preempt_risk: float = 0.0  # chance decode KV overflows (sequences preempted)
+    local_prefill_share: float = 0.0  # split: requests its decode pool prefills itself
 
     @property
     def meets_slo(self) -> bool:

@@ -61,9 +61,16 @@ def derive_load(
     # Sequences held by decode-capable workers (prefill workers' running are prompts).
     running = int(sum(_num(s, "running") for s in wstates
                       if roles.get(s.get("worker_id")) != "prefill"))
-    hits = [_num(s, "prefix_hit_rate") for s in wstates
-            if s.get("prefix_hit_rate") is not None
-            and roles.get(s.get("worker_id")) != "decode"]
+    # Prefix hit: every worker's hit rate weighted by the prompt tokens it saw, whatever its
+    # role. Under the gateway's conditional P/D a decode worker prefills short prompts
+    # itself, so leaving decode workers out (and averaging workers unweighted) read the
+    # demo's chat on 5P:3D as 0–25 % cached — the prefill workers' few cold prompts — where
+    # every prompt found half of itself cached (issue 17, fifth pass).
+    hits = [(_num(s, "prefix_hit_rate"), _num(s, "prompt_tokens_per_s")) for s in wstates
+            if s.get("prefix_hit_rate") is not None]
+    weight = sum(n for _h, n in hits)
+    hit = (sum(h * n for h, n in hits) / weight if weight > 0
+           else sum(h for h, _n in hits) / len(hits) if hits else 0.0)
     # A request finishes once where its answer streams. Under P/D its prefill half also
     # finishes (after one token) where it was prefilled: on a 'prefill' worker (not
     # counted) or, mid-move under the gateway's router, on a 'both' worker prefilling for a
@@ -101,8 +108,7 @@ def derive_load(
     if source == "counters" and fin_prompt > 0:
         isl, osl = fin_prompt / rate, (fin_gen / rate if fin_gen > 0 else osl)
     peak = max(rate, prev_peak * PEAK_DECAY)
-    return DerivedLoad(rate, peak, isl, osl, sum(hits) / len(hits) if hits else 0.0, running,
-                       source)
+    return DerivedLoad(rate, peak, isl, osl, hit, running, source)
 
 
 # The workload mix: what a window's finished requests say about prompts and answers.

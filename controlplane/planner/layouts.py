@@ -53,6 +53,7 @@ from .distributions import mixture_p95 as _mixture_p95
 from .distributions import normal_tail as _normal_tail
 from .distributions import wait_over as _wait_cdf_inv
 from .distributions import weighted_quantile as _weighted_quantile
+from .pools import decode_local
 
 
 def _preempt_risk(batch: float, ctx_pts: tuple[float, ...], cap_tokens: float,
@@ -125,15 +126,32 @@ def predict_aggregated(
     params: CostParams = DEFAULT_PARAMS,
 ) -> Prediction:
     """Every worker prefills (in chunks mixed into decode steps) and decodes."""
+    return _aggregated(model, shape, workers, w, params)[0]
+
+
+def _aggregated(
+    model: ModelSpec, shape: WorkerShape, workers: int, w: Workload, params: CostParams,
+    remote_above: float | None = None,
+) -> tuple[Prediction, float, float]:
+    """(prediction, share within the TTFT target, share within the ITL target).
+
+    ``remote_above``: the pool is a conditional P/D decode pool — quantile prompts whose
+    uncached part is longer are prefilled in the prefill pool (they only decode here), and
+    the TTFT share is over the prompts prefilled here."""
     gpus = workers * shape.tp
     cap_tokens = kv_capacity_tokens(model, shape.gpu, shape.tp, params)
     cap_seqs = int(workers * (cap_tokens // max(w.context_full, 1.0)))
     name = "aggregated"
     if cap_tokens <= 0 or workers <= 0:
-        return _overloaded(name, 0, workers, w, math.inf, "weights do not fit", gpus, fits=False)
+        return (_overloaded(name, 0, workers, w, math.inf, "weights do not fit", gpus,
+                            fits=False), 0.0, 0.0)
     r = w.rate_rps / workers
     isl_pts, ctx_pts = _points(w)
     work = _prompt_work(w, isl_pts)
+    here = [remote_above is None or u <= remote_above for u, _c in work]
+    # Prompts prefilled elsewhere do no prefill work here (their KV arrives whole).
+    work = [(u, c) if h else (0.0, u + c) for (u, c), h in zip(work, here, strict=True)]
+    share_here = sum(here) / POINTS
     timing = Timing.of(model, shape.gpu, shape.tp)
     ctx = w.context_mean
     chunk = float(params.chunk_tokens)
@@ -145,7 +163,9 @@ def predict_aggregated(
     steps: list[list[float]] = []
     # The batch's fixed point is found on the mean prompt (cheap), then every quantile
     # prompt is priced at that batch.
-    u_mean = w.uncached_mean
+    # The loop's one prompt stands for those prefilled here, arriving at share_here × r.
+    u_mean = (sum(u for (u, _c), h in zip(work, here, strict=True) if h) / sum(here)
+              if remote_above is not None and any(here) else w.uncached_mean)
     for it in range(13):
         t_d = timing.step(batch, ctx)
         final = it == 12
@@ -155,8 +175,9 @@ def predict_aggregated(
             mine = _chunk_steps(timing, batch, ctx, u, c, chunk)
             steps.append(mine)
             services.append(sum(mine))
-        mean_s = sum(services) / len(lengths)
-        mean_n = sum(len(s) for s in steps) / len(lengths)
+        weight = 1.0 if final else share_here
+        mean_s = weight * sum(services) / len(lengths)
+        mean_n = weight * sum(len(s) for s in steps) / len(lengths)
         rho_p = r * mean_s
         if final:
             break
@@ -187,7 +208,7 @@ def predict_aggregated(
              "itl_mean_s": itl_mean * params.itl_factor}
     if rho_p >= 1 or kv_used >= 1:
         where = "prefill (chunks mixed into decode steps)" if rho_p >= kv_used else "KV cache"
-        return _overloaded(name, 0, workers, w, max(util, 1.0), where, gpus, **extra)
+        return _overloaded(name, 0, workers, w, max(util, 1.0), where, gpus, **extra), 0.0, 0.0
     k = params.ttft_factor
     var_s = sum((s - mean_s) ** 2 for s in services) / POINTS
     cv2 = var_s / mean_s ** 2 if mean_s > 0 else 0.0
@@ -201,6 +222,9 @@ def predict_aggregated(
     # p95 prompt's own prefill (what sets TTFT p95 when nobody waits).
     p95_len = _p95_length(w, isl_pts)
     s95 = _chunked_service(timing, batch, ctx, *_tail_work(w, p95_len), chunk)
+    if remote_above is not None:  # TTFT of the prompts prefilled here only
+        fixed = [x for x, h in zip(services, here, strict=True) if h] or [t_d]
+        s95 = 0.0
     ttft_p95 = max(_mixture_p95(fixed, over, wait_p95), s95 if mean_u > 0 else 0.0) * k
     slo_left = w.ttft_slo_s / k
     p_ttft = sum(1.0 - over(slo_left - s) if s < slo_left else 0.0 for s in fixed) / len(fixed)
@@ -210,22 +234,28 @@ def predict_aggregated(
     jitter = _step_sd(timing, batch, ctx_pts)
     itl_p95 = (_weighted_quantile(gaps, 0.95) + Z95 * jitter) * params.itl_factor
     chunk_s = (mean_s / (n_all / POINTS) - t_d) if steps else 0.0
-    # A request misses ITL when its answer sees too many mixed steps: K ~ Poisson(osl × f),
-    # on top of the batch's own spread.
+    # A request's mean ITL (what goodput counts): its life is an M/G/1 busy period started
+    # by its own decode work (osl × t_d) and lengthened by every prompt prefilled on its
+    # worker meanwhile (arrivals at r, each adding X = its chunks' time beyond t_d), which
+    # lengthens the life further. Mean t_d + f × t_c (= t_d ÷ (1 − r E[X])); variance
+    # r E[X²] t_d ÷ (osl (1 − r E[X])³) (Takács) — a stall lets more prompts in, so the
+    # spread grows faster than the Poisson count of stalls alone — on top of the batch's.
     t_d_k, t_c_k = t_d * params.itl_factor, max(chunk_s, 0.0) * params.itl_factor
     sd_k = jitter * params.itl_factor
     n_out = max(w.osl_mean, 1.0)
-    if f <= 0 or t_c_k <= 0:
-        p_itl = 1.0 - _normal_tail((w.itl_slo_s - t_d_k) / max(sd_k, 1e-9))
+    extra = [max(sum(x) - len(x) * t_d, 0.0) * params.itl_factor for x in steps]
+    rho_x = r * sum(extra) / POINTS / params.itl_factor
+    if f <= 0 or t_c_k <= 0 or rho_x >= 1:
+        p_itl = 1.0 - _normal_tail((w.itl_slo_s - t_d_k) / max(sd_k, 1e-9)) if rho_x < 1 else 0.0
     else:
-        m = n_out * f
-        mean_req = t_d_k + m * t_c_k / n_out
-        sd_req = math.sqrt(sd_k ** 2 + m * (t_c_k / n_out) ** 2)
+        mean_req = t_d_k + f * t_c_k
+        var_x = r * sum(x * x for x in extra) / POINTS * t_d / (n_out * (1 - rho_x) ** 3)
+        sd_req = math.sqrt(sd_k ** 2 + var_x)
         p_itl = 1.0 - _normal_tail((w.itl_slo_s - mean_req) / max(sd_req, 1e-9))
     risk = _preempt_risk(batch, ctx_pts, cap_tokens, rho_p * w.isl_mean)
     attainment = _clamp(p_ttft * p_itl * (1.0 - risk), 0.0, 1.0)
     tail_service = max(fixed)
-    return Prediction(
+    return (Prediction(
         layout=name, n_prefill=0, n_decode=workers, rate_rps=w.rate_rps,
         ttft_p95_s=ttft_p95, itl_p95_s=itl_p95, itl_mean_s=itl_mean * params.itl_factor,
         prefill_s=tail_service * k, queue_p95_s=queue_p95 * k, transfer_s=0.0,
@@ -234,7 +264,7 @@ def predict_aggregated(
         attainment=attainment, goodput_rps=w.rate_rps * attainment, gpus=gpus,
         mixed_step_share=f, chunk_s=max(chunk_s, 0.0), capacity_rps=_capacity(w.rate_rps, util),
         preempt_risk=risk,
-    )
+    ), p_ttft, p_itl)
 
 
 def _dispatch_wait(w: Workload, mean_s: float, workers: int, cv2: float,
@@ -309,10 +339,24 @@ def predict_split(
                            kv_capacity_seqs=cap_seqs)
     isl_pts, ctx_pts = _points(w)
     timing = Timing.of(model, shape.gpu, shape.tp)
-    services = [timing.prefill(u, c, params.chunk_tokens) for u, c in _prompt_work(w, isl_pts)]
-    mean_s = sum(services) / POINTS
-    var_s = sum((s - mean_s) ** 2 for s in services) / POINTS
-    wait = mgc_wait(w.rate_rps, mean_s, n_prefill, var_s / mean_s ** 2 if mean_s > 0 else 0.0,
+    work = _prompt_work(w, isl_pts)
+    # Conditional P/D: short uncached prompts are prefilled by their decode worker, in its
+    # decode steps (gateway.router "pd_local_prefill"), so that pool is aggregated for them.
+    lim = w.local_prefill_max_tokens
+    remote = [i for i, (u, _c) in enumerate(work) if lim <= 0 or u > lim]
+    local_share = 1.0 - len(remote) / POINTS
+    local = None
+    if local_share > 0:
+        local, p_ttft_local, p_itl_local = _aggregated(
+            model, shape, n_decode, w, params, remote_above=float(lim))
+        if not remote or local.overloaded:
+            return decode_local(local, name, n_prefill, n_decode, gpus, local_share)
+    services = [timing.prefill(*work[i], params.chunk_tokens) for i in remote]
+    isl_pts_r = [isl_pts[i] for i in remote]
+    mean_s = sum(services) / len(remote)
+    var_s = sum((s - mean_s) ** 2 for s in services) / len(remote)
+    remote_rate = w.rate_rps * (1.0 - local_share)
+    wait = mgc_wait(remote_rate, mean_s, n_prefill, var_s / mean_s ** 2 if mean_s > 0 else 0.0,
                     w.arrival_cv2)
     kvb = model.kv_bytes_per_token
     nbytes_mean = w.isl_mean * kvb
@@ -328,7 +372,7 @@ def predict_split(
                                kv_capacity_seqs=cap_seqs)
         inflate[i] = 1.0
         if link.kind in ("rdma", "tcp"):
-            per_nic = w.rate_rps * share * nbytes_mean / max(paths.network_nodes, 1)
+            per_nic = remote_rate * share * nbytes_mean / max(paths.network_nodes, 1)
             link_util = per_nic / (effective_gbs(link, params) * GB)
             if link_util >= 1:
                 t_one = transfer_time_s(max(isl_pts) * kvb, link, params)
@@ -362,9 +406,9 @@ def predict_split(
 
     mean_a = sum(shares[i][0] * coef[i][0] for i in coef)
     mean_b = sum(shares[i][0] * coef[i][1] for i in coef)
-    t_pts_mean = [mean_a + mean_b * x * kvb if x > 0 else 0.0 for x in isl_pts]
-    t_pts_tail = [xfer(x * kvb, slow) if slow is not None else 0.0 for x in isl_pts]
-    t_mean = sum(t_pts_mean) / POINTS
+    t_pts_mean = [mean_a + mean_b * x * kvb if x > 0 else 0.0 for x in isl_pts_r]
+    t_pts_tail = [xfer(x * kvb, slow) if slow is not None else 0.0 for x in isl_pts_r]
+    t_mean = sum(t_pts_mean) / len(remote)
     # Decode pool: batch b solves b = r × osl × step(b) (Little's law).
     r = w.rate_rps / n_decode
     step = timing.decode_affine(w.context_mean)
@@ -394,16 +438,31 @@ def predict_split(
     fixed_tail = [s + (t / k) + t_d for s, t in zip(services, t_pts_tail, strict=True)]
     fixed_mean = [s + (t / k) + t_d for s, t in zip(services, t_pts_mean, strict=True)]
     p95_len = _p95_length(w, isl_pts)
-    s95 = (timing.prefill(*_tail_work(w, p95_len), params.chunk_tokens)
-           + t_d + (xfer(p95_len * kvb, slow) / k if slow is not None else 0.0))
+    tail_u = _tail_work(w, p95_len)
+    s95 = (timing.prefill(*tail_u, params.chunk_tokens)
+           + t_d + (xfer(p95_len * kvb, slow) / k if slow is not None else 0.0)
+           if lim <= 0 or tail_u[0] > lim else 0.0)
     ttft_p95 = max(_mixture_p95(fixed_tail, over, wait.p95_s), s95) * k
     slo_left = w.ttft_slo_s / k
-    p_ttft = sum(1.0 - over(slo_left - s) if s < slo_left else 0.0 for s in fixed_mean) / POINTS
+    p_ttft = sum(1.0 - over(slo_left - s) if s < slo_left else 0.0
+                 for s in fixed_mean) / len(remote)
     sd = _step_sd(timing, batch, ctx_pts)
     itl = t_d * params.itl_factor
     itl_p95 = (t_d + Z95 * sd) * params.itl_factor
     p_itl = 1.0 - _normal_tail((w.itl_slo_s - itl) / max(sd * params.itl_factor, 1e-9))
     risk = _preempt_risk(batch, ctx_pts, cap_tokens)
+    if local is not None:
+        # The decode pool also prefills the short prompts: its steps, batch and KV are the
+        # aggregated pool's; TTFT mixes both paths (a mixture's p95 is at most the larger
+        # p95 of parts carrying ≥ 5 %).
+        p_ttft = (1.0 - local_share) * p_ttft + local_share * p_ttft_local
+        p_itl, risk = p_itl_local, local.preempt_risk
+        itl, itl_p95, batch = local.itl_mean_s, local.itl_p95_s, local.decode_batch
+        kv_used = max(kv_used, local.kv_used)
+        parts = [x for x, sh in ((ttft_p95, 1.0 - local_share), (local.ttft_p95_s, local_share))
+                 if sh >= 0.05]
+        ttft_p95 = max(parts)
+        load = max(load, local.utilisation)
     attainment = _clamp(p_ttft * p_itl * (1.0 - risk), 0.0, 1.0)
     util = max(rho_pre, load, kv_used, link_util)
     bottleneck = max(
@@ -416,52 +475,7 @@ def predict_split(
         ttft_p95_s=ttft_p95, itl_p95_s=itl_p95, itl_mean_s=itl, queue_p95_s=wait.p95_s * k,
         decode_batch=batch, kv_used=kv_used, utilisation=util, bottleneck=bottleneck,
         attainment=attainment, goodput_rps=w.rate_rps * attainment, gpus=gpus,
-        capacity_rps=_capacity(w.rate_rps, util), preempt_risk=risk, **common,
+        capacity_rps=_capacity(w.rate_rps, util), preempt_risk=risk,
+        local_prefill_share=local_share, **common,
     )
 
-
-def combine_pools(
-    layout: str, n_prefill: int, n_decode: int, n_both: int, rate_rps: float,
-    parts: list[tuple[float, Prediction]],
-) -> Prediction:
-    """One prediction for a fleet whose traffic splits over pools that do not share work,
-    e.g. mid-move: 'both' workers serving whole requests in place (an aggregated pool) beside
-    a P:D split. ``parts`` are (share of the traffic, the pool's prediction at that share).
-    Goodput adds up; the tails are the worst tail of any pool carrying ≥ 5 % of requests
-    (a p95 of a mixture is at most the largest p95 of its parts); the fleet saturates when
-    its first pool does."""
-    live = [(s, p) for s, p in parts if s > 0]
-    tails = [p for s, p in live if s >= 0.05] or [p for _s, p in live]
-    goodput = sum(p.goodput_rps for _s, p in live)
-    caps = [p.capacity_rps / s for s, p in live if s > 0]
-    busiest = max(live, key=lambda sp: sp[1].utilisation)[1] if live else None
-
-    def worst(attr: str) -> float:
-        return max((getattr(p, attr) for p in tails), default=0.0)
-
-    def mean(attr: str) -> float:
-        return sum(s * getattr(p, attr) for s, p in live)
-
-    return Prediction(
-        layout=layout, n_prefill=n_prefill, n_decode=n_decode, n_both=n_both,
-        rate_rps=rate_rps,
-        ttft_p95_s=worst("ttft_p95_s"), itl_p95_s=worst("itl_p95_s"),
-        itl_mean_s=mean("itl_mean_s"), prefill_s=worst("prefill_s"),
-        queue_p95_s=worst("queue_p95_s"), transfer_s=worst("transfer_s"),
-        transfer_mean_s=mean("transfer_mean_s"), decode_batch=mean("decode_batch"),
-        kv_capacity_seqs=sum(p.kv_capacity_seqs for _s, p in live),
-        kv_used=max((p.kv_used for _s, p in live), default=0.0),
-        utilisation=busiest.utilisation if busiest else 0.0,
-        bottleneck=busiest.bottleneck if busiest else "",
-        attainment=_clamp(goodput / rate_rps, 0.0, 1.0) if rate_rps > 0 else 0.0,
-        goodput_rps=goodput, gpus=sum(p.gpus for _s, p in parts),
-        mixed_step_share=max((p.mixed_step_share for _s, p in live), default=0.0),
-        chunk_s=max((p.chunk_s for _s, p in live), default=0.0),
-        network_share=max((p.network_share for _s, p in live), default=0.0),
-        network_link=next((p.network_link for _s, p in live if p.network_link), ""),
-        transfer_bytes=max((p.transfer_bytes for _s, p in live), default=0.0),
-        capacity_rps=min(caps) if caps else math.inf,
-        overloaded=any(p.overloaded for _s, p in live),
-        fits=all(p.fits for _s, p in parts),
-        preempt_risk=max((p.preempt_risk for _s, p in live), default=0.0),
-    )

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING
 from controlplane.policies.effective import EffectivePolicy
 
 from .costmodel import Prediction, Workload
-from .layouts import combine_pools, predict_aggregated, predict_split
+from .layouts import predict_aggregated, predict_split
 from .placement import Topology, WorkerInput
+from .pools import combine_pools
 from .record import (
     CandidateVerdict,
     ChoiceVerdict,
@@ -43,6 +44,10 @@ def workload_for(load: LoadInput, policy: EffectivePolicy, rate: float) -> Workl
         isl_p50=load.isl_p50,
         ttft_slo_s=policy.ttft_p95_ms / 1000.0,
         itl_slo_s=policy.itl_p95_ms / 1000.0,
+        # The router's conditional P/D (policy auto): short uncached prompts prefill on
+        # their decode worker (gateway.router, "pd_local_prefill").
+        local_prefill_max_tokens=(max(policy.local_prefill_max_tokens, 0)
+                                  if policy.disaggregation_mode == "auto" else 0),
     )
 
 
@@ -278,10 +283,17 @@ def choose(inp: ModelInput, obs: Observation, cv: CandidateVerdict) -> ChoiceVer
         return None
     rate = obs.rate_rps
 
+    cur_p = obs.layout.prefill
+
     def key(c: Prediction) -> tuple:
+        # Among layouts that score alike, the one fewest prefill moves away: every move
+        # drains workers and locks them for the cooldown, so a larger move for no predicted
+        # gain only costs (the demo's chat on 5P:3D went to aggregated, eight moves, where
+        # 4P:4D, one move, scored the same — and the next RAG phase found every worker in
+        # its cooldown). Then capacity, then fewer prefill workers.
         plan = cv.at_plan.get(c.n_prefill)
         cap = _rank(plan)[1] if plan is not None else 0.0
-        return (*decision_score(c, plan, rate), cap, -c.n_prefill)
+        return (*decision_score(c, plan, rate), -abs(c.n_prefill - cur_p), cap, -c.n_prefill)
 
     best = max(cv.feasible, key=key)
     pol = inp.policy

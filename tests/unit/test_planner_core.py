@@ -192,10 +192,12 @@ def test_a_measured_breach_lifts_the_hysteresis_but_not_the_score_rule():
     p95 at least the overload factor over target: then the prediction that it is nearly as
     good is contradicted, and the predicted gain moves (and the record says why)."""
     workers, links = fleet(4, 8, group=4)
-    load = LoadInput(30, 30, 4000, None, 300, 0.3, inflight=50)
+    # 28 req/s: aggregated is predicted within the 10 % hysteresis of the best split (at
+    # 30 the spread of a request's mean ITL behind 4k-token prefills puts it outside).
+    load = LoadInput(28, 28, 4000, None, 300, 0.3, inflight=50)
     kept = plan_model(model_input(workers, links, load, ttft_p95_ms=2500, itl_p95_ms=50), 0)
     assert kept.reason == "within-hysteresis" and kept.record.gate.hysteresis == 0.1
-    late = LoadInput(30, 30, 4000, None, 300, 0.3, inflight=50, measured_itl_p95_ms=120)
+    late = LoadInput(28, 28, 4000, None, 300, 0.3, inflight=50, measured_itl_p95_ms=120)
     d = plan_model(model_input(workers, links, late, ttft_p95_ms=2500, itl_p95_ms=50), 0)
     assert d.action == "change" and d.reason == "better-layout"
     assert d.target.layout == kept.target.layout
@@ -204,7 +206,7 @@ def test_a_measured_breach_lifts_the_hysteresis_but_not_the_score_rule():
     assert gv.target_score >= gv.hold_score
     assert "does not hold it" in d.explanation
     # 1.4x is within what a windowed p95 and calibration explain: the hysteresis holds.
-    near = LoadInput(30, 30, 4000, None, 300, 0.3, inflight=50, measured_itl_p95_ms=70)
+    near = LoadInput(28, 28, 4000, None, 300, 0.3, inflight=50, measured_itl_p95_ms=70)
     d3 = plan_model(model_input(workers, links, near, ttft_p95_ms=2500, itl_p95_ms=50), 0)
     assert d3.reason == "within-hysteresis"
 
