@@ -165,6 +165,20 @@ def interval_p95(snap, itl_seen: dict[str, int]):
     return (p95(ttfts), p95(itls)), seen
 
 
+def interval_itl_mean_ms(snap, itl_seen: dict[str, int]) -> float | None:
+    """Mean token gap (ms) since the previous cycle — what the engines' ITL histogram's
+    sum ÷ count gives over the window; ``itl_seen`` as :func:`interval_p95` takes it
+    (before that call updates it)."""
+    total, n = 0.0, 0
+    for r in [*snap.recent_results, *snap.inflight_results]:
+        if r.error is not None or r.ttft is None:
+            continue
+        gaps = r.itls[itl_seen.get(r.request_id, 0):]
+        total += sum(gaps)
+        n += len(gaps)
+    return total / n * 1000 if n else None
+
+
 class PlannerController:
     """The planner as the fleet's controller: builds the pure inputs from the sim's
     snapshot (as inputs.py builds them from hot state) and returns its role changes."""

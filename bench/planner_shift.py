@@ -55,6 +55,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from planner_quality import (  # noqa: E402
     CLUSTERS,
     MODEL,
+    interval_itl_mean_ms,
     interval_p95,
     planner_topology,
     shape,
@@ -194,6 +195,7 @@ class ProductLoop:
         self.last_load: LoadInput | None = None
         self.log: list[dict] = []
         self.itl_seen: dict[str, int] = {}
+        self.itl_mean_ms: float | None = None
 
     def phase_at(self, now: float) -> str:
         return next((p for p, a, b in self.phases if a <= now < b), self.phases[-1][0])
@@ -235,7 +237,9 @@ class ProductLoop:
         return out
 
     def fleet_p95(self, snap) -> tuple[float | None, float | None]:
-        """TTFT and token-gap p95 (ms) over the interval, as merged histograms give them."""
+        """TTFT and token-gap p95 (ms) over the interval, as merged histograms give them;
+        the interval's mean token gap (the ITL histogram's sum ÷ count) in ``itl_mean_ms``."""
+        self.itl_mean_ms = interval_itl_mean_ms(snap, self.itl_seen)
         result, self.itl_seen = interval_p95(snap, self.itl_seen)
         return result
 
@@ -272,10 +276,12 @@ class ProductLoop:
         d = plan_model(inp, now)
         self.memory = d.memory or self.memory
         if d.current_now is not None and not d.current_now.overloaded:
+            # As the live path (service._calibrate): ITL on the mean token gap.
+            itl_mean = self.itl_mean_ms
             self.book.observe(
                 LoadPoint(sm.rate_rps, sm.isl_mean, sm.osl_mean),
                 d.current_now.ttft_p95_s / cal.ttft_factor, ttft_ms / 1000 if ttft_ms else None,
-                d.current_now.itl_p95_s / cal.itl_factor, itl_ms / 1000 if itl_ms else None)
+                d.current_now.itl_mean_s / cal.itl_factor, itl_mean / 1000 if itl_mean else None)
         worse = False
         if d.action == "change" and d.reason in MOVING and d.target is not None:
             worse = _predicted_worse(inp, d.target.n_prefill)

@@ -33,7 +33,8 @@ class ClusterInputs:
     models: list[ModelInput]
     nodes_total: int
     nodes_stale: int
-    measured: dict[int, tuple[float | None, float | None, str]]  # model id → p95s, source
+    # model id → (TTFT p95, ITL p95, source, mean token gap or None), seconds
+    measured: dict[int, tuple]
     states: dict[int, ModelPlannerState]
     snapshot_at: float
 
@@ -161,6 +162,7 @@ def gather_cluster(cluster: Cluster) -> ClusterInputs:
         roles = {w.pk: w.desired_role for w in workers}
         load = _load(sm, state, wstates, roles)
         ttft, itl, source = measured_latency(sm, wstates)
+        itl_mean = None
         # The engines' own counters and histograms, merged over one window: the load the
         # planner predicts for and the fleet p95 it calibrates against come from the same
         # requests (issue 17, item 3). Old agents send none: the token-rate derivation and
@@ -172,10 +174,11 @@ def gather_cluster(cluster: Cluster) -> ClusterInputs:
                 ttft = stats.ttft_p95_s if stats.ttft_p95_s is not None else ttft
                 itl = stats.itl_p95_s if stats.itl_p95_s is not None else itl
                 source = f"fleet histograms ({stats.source}, {stats.window_s:g} s)"
+            itl_mean = stats.itl_mean_s
         # A window without finished requests keeps the last mix with traffic (the load the
         # planner was given last cycle), so the planned peak is priced with real prompts.
         load, carried = carry_mix(load, (state.last_inputs or {}).get("load"))
-        measured[sm.pk] = (ttft, itl, source)
+        measured[sm.pk] = (ttft, itl, source, itl_mean)
         # The overload rule reads the measured p95s too (ms; None = unknown).
         load = replace(
             load,

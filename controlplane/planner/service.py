@@ -75,11 +75,18 @@ def _calibrate(state, decision, measured) -> None:
     obs = rec.observation if rec else None
     if pred is None or obs is None or pred.overloaded or pred.rate_rps <= 0:
         return
-    ttft, itl, _source = measured
+    ttft, itl, _source, *rest = measured
     book = CalibrationBook.from_dict(state.calibration)
     _key, cal = book.factors_for(obs.isl_mean, obs.osl_mean)
     raw_ttft = pred.ttft_p95_s / cal.ttft_factor if cal.ttft_factor else None
     raw_itl = pred.itl_p95_s / cal.itl_factor if cal.itl_factor else None
+    itl_mean = rest[0] if rest else None
+    if itl_mean:
+        # The ITL factor compares mean token gaps when the fleet histograms give one: what
+        # goodput's per-request mean ITL averages to, and no knife edge (a gap p95 jumps
+        # between a pure and a prefill-carrying step when ~5 % of steps carry a chunk).
+        itl = itl_mean
+        raw_itl = pred.itl_mean_s / cal.itl_factor if cal.itl_factor else None
     new = book.observe(LoadPoint(obs.rate_rps, obs.isl_mean, obs.osl_mean),
                        raw_ttft, ttft, raw_itl, itl)
     state.calibration = book.as_dict()
@@ -101,7 +108,7 @@ def run_planning(cluster: Cluster, now: float | None = None) -> list[Plan]:
     for d in decision.models:
         inp = by_id[d.served_model_id]
         state = ci.states[d.served_model_id]
-        measured = ci.measured.get(d.served_model_id, (None, None, "none"))
+        measured = ci.measured.get(d.served_model_id, (None, None, "none", None))
         _calibrate(state, d, measured)
         inputs = _inputs_json(inp, ci, measured)
         state.last_run_at = stamp
@@ -174,7 +181,8 @@ def _inputs_json(inp, ci, measured) -> dict:
         "calibration": {"ttft_factor": inp.params.ttft_factor,
                         "itl_factor": inp.params.itl_factor},
         "measured": {"ttft_p95_s": measured[0], "itl_p95_s": measured[1],
-                     "source": measured[2]},
+                     "source": measured[2],
+                     "itl_mean_s": measured[3] if len(measured) > 3 else None},
         "nodes": ci.nodes_total,
         "stale_nodes": ci.nodes_stale,
     }

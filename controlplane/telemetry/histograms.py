@@ -179,6 +179,10 @@ class FleetEngineStats:
     ttft_p95_s: float | None = None
     itl_p50_s: float | None = None
     itl_p95_s: float | None = None
+    # Mean token gap (the ITL histogram's sum ÷ count): what a request's mean ITL averages
+    # to, and what calibration compares (a gap p95 sits on the knife edge between pure and
+    # prefill-carrying steps; the mean does not).
+    itl_mean_s: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -244,4 +248,5 @@ def fleet_stats(engines: Iterable[tuple[str, EngineDelta | None]], window_s: flo
         generation_tokens_mean=gen.mean() if gen else None,
         ttft_p50_s=_q(ttft, 0.5), ttft_p95_s=_q(ttft, 0.95),
         itl_p50_s=_q(itl, 0.5), itl_p95_s=_q(itl, 0.95),
+        itl_mean_s=itl.mean() if itl and itl.sum > 0 else None,
     )

@@ -105,6 +105,8 @@ def test_roles_decide_which_engines_count_for_what():
     assert 0.1 < stats.ttft_p95_s <= 0.25  # prefill side only
     assert 0.02 < stats.itl_p95_s <= 0.05
     assert stats.generation_tokens_per_s == pytest.approx(3000.0)
+    # The mean token gap is exact (sum ÷ count), whatever the buckets.
+    assert stats.itl_mean_s == pytest.approx(0.03)
 
 
 def test_mid_move_both_engines_prefill_halves_are_not_counted_twice():

@@ -121,3 +121,30 @@ def test_the_smoother_averages_within_a_phase_and_restarts_on_a_shift():
                         "generation_tokens_per_s": 3300.0}], {1: "both"}, 256)
     sm, shifted = sm.update(rag)
     assert shifted and sm.isl_mean == pytest.approx(4000.0) and sm.windows == 1
+
+
+def test_the_itl_factor_compares_mean_token_gaps_when_the_fleet_gives_one():
+    # Aggregated at the knife edge: ~5 % of token gaps carry a prefill chunk, so the gap
+    # p95 the model predicts (34 ms) and the one measured (526 ms) sit on different modes,
+    # while the mean gaps agree. Compared on the p95 the factor would pin at 2 and poison
+    # every later prediction in the bucket; on the mean it stays near 1.
+    from types import SimpleNamespace
+
+    from controlplane.planner.service import _calibrate
+
+    obs = SimpleNamespace(rate_rps=5.0, isl_mean=4000.0, osl_mean=300.0)
+
+    def decision(state):  # the model's prediction under the state's current factors
+        k = getattr(state, "itl_factor", 1.0)
+        pred = SimpleNamespace(overloaded=False, rate_rps=5.0, ttft_p95_s=1.0,
+                               itl_p95_s=0.034 * k, itl_mean_s=0.048 * k)
+        return SimpleNamespace(current_now=pred, record=SimpleNamespace(observation=obs))
+
+    state = SimpleNamespace(calibration={})
+    for _ in range(30):
+        _calibrate(state, decision(state), (1.0, 0.526, "fleet histograms", 0.050))
+    assert state.itl_factor == pytest.approx(0.050 / 0.048, rel=0.02)
+    old = SimpleNamespace(calibration={})  # no mean measured (old agents): the p95 as before
+    for _ in range(30):
+        _calibrate(old, decision(old), (1.0, 0.526, "agents"))
+    assert old.itl_factor == MAX_FACTOR
