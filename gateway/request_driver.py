@@ -44,10 +44,10 @@ class Reservation:
         self.gw = gateway
         self.load = LoadReservation(gateway.loads, plan, prompt_tokens, output_tokens,
                                     block_size)
-        (prefill_worker, prefill_blocks), (decode_worker, decode_blocks) = (
-            self.load.prefill, self.load.decode)
-        self._gauge(decode_worker)
+        self._gauge(plan.decode)
         if gateway.peers is not None:  # sibling gateway processes see it too
+            (prefill_worker, prefill_blocks), (decode_worker, decode_blocks) = (
+                self.load.prefill, self.load.decode)
             gateway.peers.load(prefill_worker, prefill_blocks, 0.0, 0)
             gateway.peers.load(decode_worker, 0.0, decode_blocks, 1)
 

@@ -344,11 +344,11 @@ class UpstreamPool:
         Raises ``UpstreamHTTPError`` or ``TimeoutError``."""
         loop = asyncio.get_running_loop()
         deadline = None if timeouts.total is None else loop.time() + timeouts.total
-        head = [target.request_line, b"Content-Length: ", str(len(body)).encode(), b"\r\n"]
+        head = [target.request_line, b"Content-Length: %d\r\n" % len(body)]
         for name, value in headers.items():
             if "\r" in value or "\n" in value:
                 raise UpstreamHTTPError(f"header {name} holds a line break")
-            head += (name.encode("latin-1"), b": ", value.encode("latin-1"), b"\r\n")
+            head.append(f"{name}: {value}\r\n".encode("latin-1"))
         head += (b"\r\n", body)
         request = b"".join(head)
         key = target.key
