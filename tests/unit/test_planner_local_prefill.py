@@ -99,3 +99,17 @@ def test_prefix_hit_is_weighted_by_prompt_tokens_over_every_role():
     # Without token rates the workers' rates are averaged as they are.
     bare = [{"worker_id": 0, "prefix_hit_rate": 0.2}, {"worker_id": 1, "prefix_hit_rate": 0.4}]
     assert derive_load(bare, {0: "both", 1: "both"}, 256).prefix_hit == pytest.approx(0.3)
+
+
+def test_a_prompt_waits_for_the_decode_step_in_progress():
+    # Light chat on aggregated workers: nobody queues, but a worker with sequences in its
+    # batch is mid-step when a prompt arrives; the TTFT p95 adds most of a step.
+    from controlplane.planner.costmodel import Timing
+
+    w = replace(CHAT, rate_rps=0.5)
+    p = predict_aggregated(L70_FP8, RTX_TP2, 8, w)
+    t_d = Timing.of(L70_FP8, RTX_TP2.gpu, 2).step(p.decode_batch, w.context_mean)
+    busy = 1 - math.exp(-p.decode_batch)
+    assert p.ttft_p95_s == pytest.approx(p.prefill_s + t_d * (1 - 0.05 / busy), rel=0.05)
+    idle = predict_aggregated(L70_FP8, RTX_TP2, 8, replace(w, rate_rps=1e-6))
+    assert idle.ttft_p95_s == pytest.approx(idle.prefill_s, rel=0.01)  # an empty batch
