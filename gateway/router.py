@@ -130,6 +130,9 @@ class RoutePlan:
         return self.prefill is not None
 
 
+_NO_LOAD = WorkerLoad()  # read-only stand-in for a worker with nothing in flight
+
+
 class NoWorkerError(LookupError):
     """No active worker can take this request."""
 
@@ -222,16 +225,16 @@ def pick(
     if band > 0 and len(scores) > 1 and (inflow is not None or loads):
         near = [s for s in scores if s.cost <= best * (1.0 + band) + 1e-9]
         if loads:
-            fewest = min(loads.get(s.worker_id, WorkerLoad()).in_flight for s in near)
-            near = [s for s in near if loads.get(s.worker_id, WorkerLoad()).in_flight == fewest]
+            fewest = min(loads.get(s.worker_id, _NO_LOAD).in_flight for s in near)
+            near = [s for s in near if loads.get(s.worker_id, _NO_LOAD).in_flight == fewest]
         if inflow is not None:
             least = min(inflow.get(s.worker_id, 0.0) for s in near)
             near = [s for s in near if inflow.get(s.worker_id, 0.0) <= least + 1e-9]
         low = min(s.cost for s in near)
         tied = [s for s in near if s.cost <= low + 1e-9]
     if len(tied) > 1 and loads:
-        fewest = min(loads.get(s.worker_id, WorkerLoad()).in_flight for s in tied)
-        tied = [s for s in tied if loads.get(s.worker_id, WorkerLoad()).in_flight == fewest]
+        fewest = min(loads.get(s.worker_id, _NO_LOAD).in_flight for s in tied)
+        tied = [s for s in tied if loads.get(s.worker_id, _NO_LOAD).in_flight == fewest]
     return tied[0] if len(tied) == 1 else rng.choice(tied)
 
 
@@ -254,7 +257,7 @@ class AffinityBound:
                mean_queue: float, request_blocks: float) -> bool:
         if self.load_factor <= 0:
             return True
-        load = loads.get(s.worker_id, WorkerLoad())
+        load = loads.get(s.worker_id, _NO_LOAD)
         if load.in_flight > self.load_factor * mean_in_flight + 1:
             return False
         if load.prefill_blocks > self.load_factor * mean_queue + request_blocks:
@@ -283,13 +286,13 @@ def follow_prefix(
     holders = [s for s in scores if match_ratio.get(s.worker_id, 0.0) >= max(min_match, 1e-9)]
     if not holders:
         return None
-    in_flight = [loads.get(s.worker_id, WorkerLoad()).in_flight for s in scores]
+    in_flight = [loads.get(s.worker_id, _NO_LOAD).in_flight for s in scores]
     hi, lo = max(in_flight), min(in_flight)
     if hi - lo > imbalance_abs and hi > imbalance_rel * lo:
         return None
     if bound is not None:
         mean_in_flight = sum(in_flight) / len(scores)
-        mean_queue = sum(loads.get(s.worker_id, WorkerLoad()).prefill_blocks
+        mean_queue = sum(loads.get(s.worker_id, _NO_LOAD).prefill_blocks
                          for s in scores) / len(scores)
         holders = [s for s in holders
                    if bound.admits(s, loads, mean_in_flight, mean_queue, request_blocks)]
@@ -365,6 +368,43 @@ def _plan(model: ModelRoute, *args) -> RoutePlan:
     return plan
 
 
+def _score(model: ModelRoute, workers: Sequence[WorkerEntry], loads: Mapping[str, WorkerLoad],
+           request_blocks: int, prompt_tokens: int, cached_tokens: Mapping[str, int],
+           stall_floor: float | None, fleet_weight: float, use_cache: bool = True
+           ) -> list[Scored]:
+    """``cost_of`` for each worker. ``stall_floor`` None: the worker does not prefill the
+    prompt (its KV arrives by transfer and stalls nothing: Dynamo's decode term)."""
+    bs, ow, lw = model.block_size, model.kv_overlap_weight, model.load_weight
+    out = []
+    for w in workers:
+        load = loads.get(w.id, _NO_LOAD)
+        out.append(cost_of(
+            w.id, load, request_blocks, min(cached_tokens.get(w.id, 0), prompt_tokens) / bs,
+            overlap_weight=ow, load_weight=lw, use_cache=use_cache, kv_reuse=True,
+            stall_floor=stall_floor, stall_weight=load.mean_stall_weight(fleet_weight)))
+    return out
+
+
+def _choose(model: ModelRoute, scores: list[Scored], active: Sequence[WorkerEntry],
+            loads: Mapping[str, WorkerLoad], request_blocks: int, prompt_tokens: int,
+            cached_tokens: Mapping[str, int], rng: random.Random,
+            inflow: Mapping[str, float] | None) -> tuple[Scored, bool]:
+    """(chosen, by prefix affinity?): the prefix rule, else the cost (:func:`pick`)."""
+    if len(scores) > 1:  # one candidate: no prefix to follow, pick draws no random number
+        ratios = {w: min(t, prompt_tokens) / prompt_tokens
+                  for w, t in cached_tokens.items()} if prompt_tokens > 0 else {}
+        bs = model.block_size
+        bound = AffinityBound(model.affinity_load_factor, model.affinity_kv_limit,
+                              {w.id: w.kv_tokens / bs for w in active if w.kv_tokens > 0})
+        followed = follow_prefix(scores, ratios, loads, min_match=model.prefix_min_match,
+                                 imbalance_abs=model.imbalance_abs,
+                                 imbalance_rel=model.imbalance_rel, bound=bound,
+                                 request_blocks=request_blocks)
+        if followed is not None:
+            return followed, True
+    return pick(scores, model.temperature, rng, loads, inflow, model.cache_balance_band), False
+
+
 def plan_request(
     model: ModelRoute,
     prompt_tokens: int,
@@ -376,35 +416,15 @@ def plan_request(
 ) -> RoutePlan:
     """Decide where one request goes. ``cached_tokens`` maps worker id → tokens of this
     prompt it is believed to hold; ``exclude`` lists workers that already failed it;
-    ``inflow`` the new KV each worker took lately (see :func:`pick`)."""
+    ``inflow`` the new KV each worker took lately (see :func:`pick`).
+
+    On every request's path: no closures and nothing built that one candidate does not
+    need (issue 19, docs/benchmarks.md)."""
     active = [w for w in model.workers if w.active and w.id not in exclude]
     if not active:
         raise NoWorkerError(f"no active worker for model {model.name}")
     bs = model.block_size
     request_blocks = blocks_for(prompt_tokens, bs)
-
-    def cached_blocks(w: WorkerEntry) -> float:
-        return min(cached_tokens.get(w.id, 0), prompt_tokens) / bs
-
-    ratios = {w: min(t, prompt_tokens) / prompt_tokens
-              for w, t in cached_tokens.items()} if prompt_tokens > 0 else {}
-
-    bound = AffinityBound(
-        model.affinity_load_factor, model.affinity_kv_limit,
-        {w.id: w.kv_tokens / bs for w in active if w.kv_tokens > 0},
-    )
-
-    def choose(scores: list[Scored]) -> tuple[Scored, bool]:
-        """(chosen, by prefix affinity?)"""
-        followed = follow_prefix(scores, ratios, loads, min_match=model.prefix_min_match,
-                                 imbalance_abs=model.imbalance_abs,
-                                 imbalance_rel=model.imbalance_rel, bound=bound,
-                                 request_blocks=request_blocks)
-        if followed is not None:
-            return followed, True
-        return pick(scores, model.temperature, rng, loads, inflow,
-                    model.cache_balance_band), False
-
     # The mean KV a request in flight holds, fleet-wide: the least stall a prefill is
     # charged per request it runs beside (the cost's decode term, module doc).
     in_flight = kv_in_flight = own = weight_sum = 0.0
@@ -419,49 +439,36 @@ def plan_request(
     # How much a stall counts per request in flight (stall_weight): each worker's own mean;
     # the fleet's where this process has none there (only sibling processes' requests).
     fleet_weight = weight_sum / own if own > 0 else 1.0
-
-    def score(workers, use_cache=True, prefills_here=True) -> list[Scored]:
-        """``prefills_here``: the worker computes the prompt itself (else the decode term
-        is Dynamo's KV load: the KV arrives by transfer and stalls nothing)."""
-        floor = stall_floor if prefills_here else None
-        out = []
-        for w in workers:
-            load = loads.get(w.id, WorkerLoad())
-            out.append(cost_of(
-                w.id, load, request_blocks, cached_blocks(w),
-                overlap_weight=model.kv_overlap_weight, load_weight=model.load_weight,
-                use_cache=use_cache, kv_reuse=True, stall_floor=floor,
-                stall_weight=load.mean_stall_weight(fleet_weight),
-            ))
-        return out
+    context = (loads, request_blocks, prompt_tokens, cached_tokens)
 
     decoders = [w for w in active if w.can_decode]
-    prefillers = [w for w in active if w.role == "prefill" or w.role == "both"]
     if model.mode == "aggregated" or not decoders:
         pool = decoders or active
         reason = "kv_aware" if decoders else "fallback_prefill_only"
         if len(pool) == 1 and decoders:
             reason = "only_candidate"
-        scores = score(pool)
-        chosen, followed = choose(scores)
+        scores = _score(model, pool, *context, stall_floor, fleet_weight)
+        chosen, followed = _choose(model, scores, active, *context, rng, inflow)
         if followed:
             reason = "kv_prefix"
         return _plan(model, chosen.worker_id, None, reason,
-                         int(chosen.cached_blocks * bs), scores)
+                     int(chosen.cached_blocks * bs), scores)
 
     # P/D: decode first. In conditional mode the decode worker may prefill locally, so its
     # cached prefix counts; in disaggregated mode the decode stage ignores cache credit.
     conditional = model.mode == "conditional"
-    decode_scores = score(decoders, use_cache=conditional, prefills_here=conditional)
+    decode_scores = _score(model, decoders, *context, stall_floor if conditional else None,
+                           fleet_weight, use_cache=conditional)
     if conditional:
-        decode, _ = choose(decode_scores)
+        decode, _ = _choose(model, decode_scores, active, *context, rng, inflow)
         if prompt_tokens - min(cached_tokens.get(decode.worker_id, 0), prompt_tokens) > (
             model.local_prefill_max_tokens
         ):
             # It will be prefilled remotely anyway: the decode worker's cache would save
             # only part of a transfer, and following it piles long decodes onto the
             # prefix's holder. Pick the decode worker as in disaggregated mode.
-            decode_scores = score(decoders, use_cache=False, prefills_here=False)
+            decode_scores = _score(model, decoders, *context, None, fleet_weight,
+                                   use_cache=False)
             decode = pick(decode_scores, model.temperature, rng, loads)
     else:
         decode = pick(decode_scores, model.temperature, rng, loads)
@@ -470,14 +477,16 @@ def plan_request(
     if conditional and uncached <= model.local_prefill_max_tokens:
         return _plan(model, decode.worker_id, None, "pd_local_prefill", decode_cached,
                      decode_scores)
-    remote = [w for w in prefillers if w.id != decode.worker_id]
+    remote = [w for w in active
+              if (w.role == "prefill" or w.role == "both") and w.id != decode.worker_id]
     if not remote:
         return _plan(model, decode.worker_id, None, "pd_no_prefill_worker", decode_cached,
-                         decode_scores)
+                     decode_scores)
     prefill_scores = []
     for w in remote:
         base = cost_of(
-            w.id, loads.get(w.id, WorkerLoad()), request_blocks, cached_blocks(w),
+            w.id, loads.get(w.id, _NO_LOAD), request_blocks,
+            min(cached_tokens.get(w.id, 0), prompt_tokens) / bs,
             overlap_weight=model.kv_overlap_weight, load_weight=model.load_weight,
         )
         penalty = transfer_penalty(request_blocks, w, decode.worker_id)
@@ -486,4 +495,4 @@ def plan_request(
         prefill_scores.append(Scored(w.id, cost, base.prefill_term, penalty, base.cached_blocks))
     prefill = pick(prefill_scores, model.temperature, rng, loads)
     return _plan(model, decode.worker_id, prefill.worker_id, "pd_remote_prefill",
-                     int(prefill.cached_blocks * bs), decode_scores + prefill_scores)
+                 int(prefill.cached_blocks * bs), decode_scores + prefill_scores)
