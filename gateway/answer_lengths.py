@@ -36,11 +36,17 @@ DEFAULT_OUTPUT_TOKENS = 128  # what the gateway books for a request without max_
 
 
 class _Histogram:
-    __slots__ = ("count", "inverse", "total")
+    """Decayed counts, stored scaled: a new answer adds ``scale`` (which grows by 1 ÷ decay
+    per answer) instead of every bucket shrinking by the decay, so an answer costs O(1) on
+    the request path; only ratios of the counts are read, which the scale leaves as
+    they are."""
+
+    __slots__ = ("count", "inverse", "scale", "total")
 
     def __init__(self) -> None:
         self.count = [0.0] * BUCKETS
         self.inverse = [0.0] * BUCKETS  # sum of 1 / length per bucket
+        self.scale = 1.0
         self.total = 0  # answers seen (not decayed)
 
 
@@ -70,14 +76,14 @@ class AnswerLengths:
             self._add(hist, completion_tokens)
 
     def _add(self, hist: _Histogram, completion_tokens: int) -> None:
-        d = self.decay
-        count, inverse = hist.count, hist.inverse
-        for b in range(BUCKETS):
-            count[b] *= d
-            inverse[b] *= d
+        scale = hist.scale = hist.scale / self.decay
+        if scale > 1e100:  # fold the scale back in before it overflows
+            hist.count = [c / scale for c in hist.count]
+            hist.inverse = [v / scale for v in hist.inverse]
+            scale = hist.scale = 1.0
         b = min(int(completion_tokens).bit_length() - 1, BUCKETS - 1)
-        count[b] += 1.0
-        inverse[b] += 1.0 / completion_tokens
+        hist.count[b] += scale
+        hist.inverse[b] += scale / completion_tokens
         hist.total += 1
 
     def weight(self, model: str, prompt_tokens: int, max_tokens: int | None,

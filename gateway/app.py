@@ -31,6 +31,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from . import explain
 from .admin import AdminAPI
+from .answer_lengths import AnswerLengths
 from .config import GatewayConfig
 from .exchange import AiohttpExchange, Reply, openai_error
 from .kv_subscriber import KvEventSubscriber
@@ -59,6 +60,7 @@ class Gateway(AdminAPI, PrefixKnowledge, RequestDriver):
         self.loads: defaultdict[str, WorkerLoad] = defaultdict(WorkerLoad)
         self.estimators: dict[str, TokenEstimator] = {}
         self._sized_at: dict[str, float] = {}
+        self.answer_lengths = AnswerLengths()  # learned from answers: the stall weight booked
         self.rng = random.Random(config.seed)
         self._id_prefix = f"gw-{uuid.uuid4().hex[:12]}-"
         self._id_counter = itertools.count(1)

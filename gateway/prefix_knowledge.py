@@ -1,7 +1,8 @@
 """What the gateway believes about prompts and prefixes: how many tokens a prompt is, which
 workers hold how much of it (the approximate index of routed prefixes, and the precise one
 fed by the engines' KV events), and what it learns back from the answers (the model's
-characters per token, which sizes the approximate index).
+characters per token, which sizes the approximate index, and the answers' lengths, which
+weigh the load a request books: :class:`gateway.answer_lengths.AnswerLengths`).
 
 A mixin of :class:`gateway.app.Gateway`.
 """
@@ -28,19 +29,20 @@ from .prefix_index import (
 from .table import ModelRoute
 
 _PROMPT_TOKENS_KEY = b'"prompt_tokens"'
-_PROMPT_TOKENS_VALUE = re.compile(rb"[ \t\r\n]*:[ \t\r\n]*([0-9]+)")
+_COMPLETION_TOKENS_KEY = b'"completion_tokens"'
+_USAGE_VALUE = re.compile(rb"[ \t\r\n]*:[ \t\r\n]*([0-9]+)")
 
 
-def _usage_prompt_tokens(payload: bytes) -> int | None:
-    """``usage.prompt_tokens`` of an answer without decoding all of it (an answer can be
-    long; only this one number is wanted): the last ``"prompt_tokens": <int>`` in it (at
-    most 12 digits, within 32 bytes of the key). The key cannot occur unescaped inside
-    generated text (its quotes would be escaped)."""
-    at = payload.rfind(_PROMPT_TOKENS_KEY)
+def _usage_count(payload: bytes, key: bytes = _PROMPT_TOKENS_KEY) -> int | None:
+    """A count of an answer's ``usage`` (``usage.prompt_tokens`` by default) without
+    decoding all of it (an answer can be long; only this one number is wanted): the last
+    ``"<key>": <int>`` in it (at most 12 digits, within 32 bytes of the key). The key cannot
+    occur unescaped inside generated text (its quotes would be escaped)."""
+    at = payload.rfind(key)
     if at < 0:
         return None
-    start = at + len(_PROMPT_TOKENS_KEY)
-    found = _PROMPT_TOKENS_VALUE.match(payload, start, start + 32)
+    start = at + len(key)
+    found = _USAGE_VALUE.match(payload, start, start + 32)
     if found is None:
         return None
     digits = found.group(1)
@@ -48,8 +50,8 @@ def _usage_prompt_tokens(payload: bytes) -> int | None:
 
 
 class PrefixKnowledge:
-    """Needs: config, metrics, session, approx, precise, estimators, _sized_at, subscriber,
-    peers (set by Gateway)."""
+    """Needs: config, metrics, session, approx, precise, estimators, _sized_at,
+    answer_lengths, subscriber, peers (set by Gateway)."""
 
     def _size_prefix_index(self, model: ModelRoute) -> None:
         """Bound each worker's approximate entries by its KV capacity, in chunks.
@@ -167,8 +169,17 @@ class PrefixKnowledge:
     def _learn_from_stream_tail(self, model, prompt, tail: bytes) -> None:
         for line in reversed(tail.split(b"\n")):
             if line.startswith(b"data:") and b'"prompt_tokens"' in line:
-                self._learn_tokens(model, prompt, line[5:].strip())
+                self._learn_from_answer(model, prompt, line[5:].strip())
                 return
+
+    def _learn_from_answer(self, model, prompt, payload: bytes) -> None:
+        """A finished answer (a non-streaming body, or a stream's usage chunk): the length
+        of the answer (``usage.completion_tokens``: what the next requests' reservations
+        weigh, :class:`gateway.answer_lengths.AnswerLengths`) and the prompt's tokens."""
+        completion = _usage_count(payload, _COMPLETION_TOKENS_KEY)
+        if completion is not None:
+            self.answer_lengths.observe(model.name, prompt["tokens"], completion)
+        self._learn_tokens(model, prompt, payload)
 
     def _learn_tokens(self, model, prompt, payload: bytes, answer=None) -> None:
         if not prompt["chars"]:
@@ -179,7 +190,7 @@ class PrefixKnowledge:
             except (KeyError, TypeError):
                 return
         else:
-            tokens = _usage_prompt_tokens(payload)
+            tokens = _usage_count(payload)
         if isinstance(tokens, int) and not isinstance(tokens, bool):
             estimator = self.estimators[model.name]
             estimator.observe(prompt["chars"], tokens)

@@ -16,6 +16,7 @@ import aiohttp
 import orjson
 
 from . import explain
+from .answer_lengths import DEFAULT_OUTPUT_TOKENS
 from .engines import handshake_for
 from .exchange import JSON, Reply
 from .proxy import PairFailure, UpstreamFailure, open_upstream
@@ -24,7 +25,6 @@ from .table import ModelRoute
 from .upstream_http import Target
 
 log = logging.getLogger("gateway")
-DEFAULT_OUTPUT_TOKENS = 128
 
 
 def has_token(data: bytes) -> bool:
@@ -40,10 +40,10 @@ class Reservation:
     __slots__ = ("gw", "load")
 
     def __init__(self, gateway: RequestDriver, plan, prompt_tokens: int, output_tokens: int,
-                 block_size: int):
+                 block_size: int, weight: float | None = None):
         self.gw = gateway
         self.load = LoadReservation(gateway.loads, plan, prompt_tokens, output_tokens,
-                                    block_size)
+                                    block_size, weight)
         self._gauge(plan.decode)
         if gateway.peers is not None:  # sibling gateway processes see it too
             (prefill_worker, prefill_blocks), (decode_worker, decode_blocks) = (
@@ -72,16 +72,23 @@ class Reservation:
 
 class RequestDriver:
     """Needs: config, metrics, loads, peers, pairs, pool, upstream_timeout, prefill_timeout,
-    _urls (set by Gateway); _reject (Gateway); _remember_prefix, _learn_tokens,
-    _learn_from_stream_tail (:class:`gateway.prefix_knowledge.PrefixKnowledge`)."""
+    _urls, answer_lengths (set by Gateway); _reject (Gateway); _remember_prefix,
+    _learn_tokens, _learn_from_answer, _learn_from_stream_tail
+    (:class:`gateway.prefix_knowledge.PrefixKnowledge`)."""
 
     async def _execute(self, request, model: ModelRoute, plan, body, raw, endpoint, chat,
                        request_id, prompt, started, why: str = ""):
         counted = self.metrics.model(model.name)
         bs = model.block_size
         max_out = body.get("max_tokens") or body.get("max_completion_tokens")
-        out_tokens = max_out if isinstance(max_out, int) and max_out > 0 else DEFAULT_OUTPUT_TOKENS
-        reservation = Reservation(self, plan, prompt["tokens"], out_tokens, bs)
+        if not (isinstance(max_out, int) and max_out > 0):
+            max_out = None
+        # KV is booked for the longest answer allowed (else DEFAULT_OUTPUT_TOKENS); the
+        # stall weight for the answer length learned from finished answers (docs/gateway.md).
+        weight = self.answer_lengths.weight(model.name, prompt["tokens"], max_out,
+                                            plan.ttft_itl_ratio)
+        reservation = Reservation(self, plan, prompt["tokens"], max_out or DEFAULT_OUTPUT_TOKENS,
+                                  bs, weight)
         headers = {"Content-Type": JSON, "X-Request-Id": request_id}
         authorization = request.headers.get("Authorization")
         if authorization is not None:
@@ -124,7 +131,7 @@ class RequestDriver:
                 if not stream or upstream.status != 200:
                     rest = await self._read_rest(upstream)
                     payload = upstream.first_chunk + rest
-                    self._learn_tokens(model, prompt, payload)
+                    self._learn_from_answer(model, prompt, payload)
                     return Reply(upstream.status, payload, response_headers)
                 ttft = time.perf_counter() - started
                 counted.ttft.observe(ttft)
@@ -231,7 +238,7 @@ class RequestDriver:
         write."""
         counted = self.metrics.model(model.name)
         itl = counted.itl
-        tail = upstream.first_chunk
+        tail = previous = upstream.first_chunk
         content = upstream.response.content
         try:
             await request.start_stream(200, headers, tail)
@@ -244,14 +251,18 @@ class RequestDriver:
                 now = time.perf_counter()
                 itl.observe(now - last)
                 last = now
-                tail = chunk
+                previous, tail = tail, chunk
                 if content.at_eof():
                     ending = chunk
                     break
                 await request.write(chunk)
             await request.write_eof(ending)
-            if b'"prompt_tokens"' in tail:  # stream_options.include_usage: learn from it
+            # stream_options.include_usage: learn from the usage chunk, the last before
+            # [DONE] (which may come in a read of its own).
+            if b'"prompt_tokens"' in tail:
                 self._learn_from_stream_tail(model, prompt, tail)
+            elif b'"prompt_tokens"' in previous:
+                self._learn_from_stream_tail(model, prompt, previous)
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
             counted.errors["client_disconnect"].inc()
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:

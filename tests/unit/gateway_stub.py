@@ -68,6 +68,9 @@ class StubEngine:
             for token in ("a", "b"):
                 chunk = {"id": f"c{n}", "choices": [{"index": 0, "text": token}]}
                 await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+            if (body.get("stream_options") or {}).get("include_usage"):
+                chunk = {"id": f"c{n}", "choices": [], "usage": usage}
+                await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
             return response
