@@ -141,7 +141,7 @@ def decision_score(now: Prediction | None, plan: Prediction | None, rate_now: fl
             round(share(plan), 2) if plan is not None else -1.0)
 
 
-def _rank(p: Prediction) -> tuple:
+def rank_prediction(p: Prediction) -> tuple:
     # Search order: goodput share to 0.1 %, then capacity to 1 %, then fewer prefill.
     cap = p.capacity_rps if not math.isinf(p.capacity_rps) else 1e18
     cap = float(f"{cap:.2g}") if cap > 0 else 0.0
@@ -183,7 +183,7 @@ def _search(inp: ModelInput, w: Workload, settings: PlannerSettings, cur_p: int,
         # in practice (prefill capacity rises with P, decode capacity falls).
         stride = max(1, math.ceil(len(options) / 24))
         run([options[0], *options[::stride], options[-1], cur_p])
-        for best in sorted(evaluated.values(), key=_rank, reverse=True)[:2]:
+        for best in sorted(evaluated.values(), key=rank_prediction, reverse=True)[:2]:
             run(range(best.n_prefill - stride, best.n_prefill + stride + 1))
     return dict(sorted(evaluated.items()))
 
@@ -254,7 +254,7 @@ def predict_candidates(inp: ModelInput, obs: Observation, topo: Topology,
                    topo)
     candidates = list(by_p.values())
     at_plan: dict[int, Prediction] = {}
-    keep = sorted(candidates, key=_rank, reverse=True)[:3]
+    keep = sorted(candidates, key=rank_prediction, reverse=True)[:3]
     if obs.move is not None and obs.move.target_prefill in by_p:
         keep.append(by_p[obs.move.target_prefill])
     if inp.memory is not None and inp.memory.origin_prefill in by_p:
@@ -292,7 +292,7 @@ def choose(inp: ModelInput, obs: Observation, cv: CandidateVerdict) -> ChoiceVer
         # 4P:4D, one move, scored the same — and the next RAG phase found every worker in
         # its cooldown). Then capacity, then fewer prefill workers.
         plan = cv.at_plan.get(c.n_prefill)
-        cap = _rank(plan)[1] if plan is not None else 0.0
+        cap = rank_prediction(plan)[1] if plan is not None else 0.0
         return (*decision_score(c, plan, rate), -abs(c.n_prefill - cur_p), cap, -c.n_prefill)
 
     best = max(cv.feasible, key=key)
