@@ -41,13 +41,15 @@ class _Histogram:
     the request path; only ratios of the counts are read, which the scale leaves as
     they are."""
 
-    __slots__ = ("count", "inverse", "scale", "total")
+    __slots__ = ("count", "inverse", "scale", "total", "weights")
 
     def __init__(self) -> None:
         self.count = [0.0] * BUCKETS
         self.inverse = [0.0] * BUCKETS  # sum of 1 / length per bucket
         self.scale = 1.0
         self.total = 0  # answers seen (not decayed)
+        # (max_tokens, ratio) -> (total when computed, expected weight): see weight()
+        self.weights: dict[tuple[int | None, float], tuple[int, float]] = {}
 
 
 class AnswerLengths:
@@ -59,7 +61,8 @@ class AnswerLengths:
 
     def __init__(self, *, memory: int = 500, min_samples: int = 20,
                  default_tokens: int = DEFAULT_OUTPUT_TOKENS) -> None:
-        self.decay = 1.0 - 1.0 / max(memory, 1)
+        self.memory = max(memory, 1)
+        self.decay = 1.0 - 1.0 / self.memory
         self.min_samples = min_samples
         self.default_tokens = default_tokens
         # (model, prompt class) -> lengths; class -1: every prompt of the model.
@@ -98,6 +101,19 @@ class AnswerLengths:
             hist = self._hists.get((model, -1))
         if hist is None or hist.total < self.min_samples:
             return stall_weight(cap or self.default_tokens, ttft_itl_ratio)
+        # The expectation moves by about 1 / min(answers, memory) per answer: recomputed
+        # once that adds up to ~1/64 (every answer while few are seen), not per request.
+        key = (cap, ttft_itl_ratio)
+        cached = hist.weights.get(key)
+        if cached is not None and (hist.total - cached[0]) * 64 < min(hist.total, self.memory):
+            return cached[1]
+        if len(hist.weights) > 64:  # many distinct max_tokens: keep the cache small
+            hist.weights.clear()
+        value = self._expected(hist, cap, ttft_itl_ratio)
+        hist.weights[key] = (hist.total, value)
+        return value
+
+    def _expected(self, hist: _Histogram, cap: int | None, ttft_itl_ratio: float) -> float:
         floor = 1.0 / cap if cap else 0.0  # an answer is cut at max_tokens
         weighted = seen = 0.0
         for count, inverse in zip(hist.count, hist.inverse, strict=True):
