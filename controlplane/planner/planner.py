@@ -24,6 +24,7 @@ Per model, five named steps, each returning a typed verdict (:mod:`.record`):
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import replace
 
 from . import explain
@@ -48,12 +49,13 @@ from .record import (
     Observation,
     StepVerdict,
 )
-from .stepping import eligible, roles_after, take_up_to, wanted_changes
+from .stepping import eligible, in_cooldown, roles_after, take_up_to, wanted_changes
 from .steps import (  # noqa: F401 - re-exported: the planner's public helpers
     _kv_fits,
     _origin,
     _prefill_range,
     choose,
+    cooldown_waiver,
     current_prefill,
     decision_score,
     gate,
@@ -64,6 +66,7 @@ from .steps import (  # noqa: F401 - re-exported: the planner's public helpers
     predict_candidates,
     predict_layout,
     share,
+    turn_back_margin,
     workload_for,
 )
 
@@ -234,7 +237,9 @@ def plan_model(
 
     # Move toward the target: concrete roles, then the changes allowed this cycle.
     placement = topo.placement(target_p) if target_p > 0 else None
-    want = wanted_changes(workers, placement, now, pol.cooldown_s)
+    waiver = cooldown_waiver(inp, settings)
+    want = wanted_changes(workers, placement, now, pol.cooldown_s,
+                          waiver[0] if waiver else None)
     if want.blocked:
         notes.append("waiting: " + ", ".join(
             f"{n} worker(s) {why}" for why, n in sorted(want.blocked.items())))
@@ -271,6 +276,9 @@ def plan_model(
         cv.rejected[step.layout] = why
         rec.step = replace(rec.step, changes=0, after=None)
         return decision("hold", "step-breaks-kv", target=target)
+    waived = sum(1 for x, _r in take if in_cooldown(x, now, pol.cooldown_s))
+    if waived and waiver:
+        notes.append(_waiver_note(waiver, waived, now, inp, settings))
     if len(take) < len(want.wanted):
         notes.append(
             f"{len(take)} of {len(want.wanted)} role changes this cycle "
@@ -291,6 +299,17 @@ def _relabels(inp: ModelInput, obs: Observation, now: float) -> list[RoleChange]
         for x in inp.workers
         if x.role not in ("prefill", side) and not eligible(x, now, inp.policy.cooldown_s)
     ]
+
+
+def _waiver_note(waiver: tuple[float, float], n: int, now: float, inp: ModelInput,
+                 settings: PlannerSettings) -> str:
+    since, shift = waiver
+    margin = turn_back_margin(inp.policy, settings)
+    # Epoch seconds in the product, virtual seconds in the benchmark's loop.
+    at = time.strftime("%H:%M:%S UTC", time.gmtime(since)) if since > 1e8 else f"{since:,.0f} s"
+    return (f"cooldown waived for {n} worker(s): load moved {shift:.0%} since the move at "
+            f"{at} ({now - since:,.0f} s ago), more than the {margin:.0%} margin for "
+            "turning back")
 
 
 def _state_after(workers: list[WorkerInput], take) -> LayoutState:

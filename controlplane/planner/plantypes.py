@@ -63,6 +63,9 @@ class PlannerSettings:
     dwell_s: float = 900.0
     # ... and the load must have moved by more than max(hysteresis, this) to turn back.
     reverse_margin: float = 0.25
+    # A worker still in its cooldown may change again when the load moved past that same
+    # margin since the last move (steps.cooldown_waiver); off: the cooldown always holds.
+    waive_cooldown_on_shift: bool = True
 
 
 DEFAULT_SETTINGS = PlannerSettings()

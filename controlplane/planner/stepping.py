@@ -20,15 +20,23 @@ def target_role(placed: str, aggregated: bool) -> str:
     return "prefill" if placed == "prefill" else "decode"
 
 
-def eligible(w: WorkerInput, now: float, cooldown_s: float) -> str:
-    """'' when the worker may change role now, else why not."""
+def eligible(w: WorkerInput, now: float, cooldown_s: float,
+             waive_since: float | None = None) -> str:
+    """'' when the worker may change role now, else why not. ``waive_since``: the decision
+    time of the last move when the load has since moved past the turn-back margin; a worker
+    changed at or after it is then out of its cooldown (the cooldown stops reversals on
+    noise, and a load shift past that margin is not noise — see steps.cooldown_waiver)."""
     if w.stale:
         return "stale"
     if w.state != "active":
         return w.state
-    if w.changed_at is not None and now - w.changed_at < cooldown_s:
+    if in_cooldown(w, now, cooldown_s) and (waive_since is None or w.changed_at < waive_since):
         return "cooldown"
     return ""
+
+
+def in_cooldown(w: WorkerInput, now: float, cooldown_s: float) -> bool:
+    return w.changed_at is not None and now - w.changed_at < cooldown_s
 
 
 @dataclass
@@ -42,7 +50,8 @@ class Wanted:
 
 
 def wanted_changes(
-    workers: list[WorkerInput], placement: Placement | None, now: float, cooldown_s: float
+    workers: list[WorkerInput], placement: Placement | None, now: float, cooldown_s: float,
+    waive_since: float | None = None,
 ) -> Wanted:
     aggregated = placement is None
     wanted, movable, blocked = [], [], {}
@@ -51,7 +60,7 @@ def wanted_changes(
         if role == x.role:
             continue
         wanted.append((x, role))
-        why = eligible(x, now, cooldown_s)
+        why = eligible(x, now, cooldown_s, waive_since)
         if why:
             blocked[why] = blocked.get(why, 0) + 1
         else:

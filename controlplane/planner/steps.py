@@ -201,6 +201,27 @@ def load_shift(memory: MoveMemory | None, load: LoadInput) -> float:
                rel(load.osl_mean, memory.osl_mean))
 
 
+def turn_back_margin(pol: EffectivePolicy, settings: PlannerSettings) -> float:
+    """How far the load must move since the last move before the planner may turn back
+    (or waive a cooldown): the hysteresis, and at least settings.reverse_margin (a load
+    derived from windows of finished requests wanders by more than 10 % inside one phase)."""
+    return max(pol.hysteresis, settings.reverse_margin)
+
+
+def cooldown_waiver(inp: ModelInput, settings: PlannerSettings) -> tuple[float, float] | None:
+    """(the last move's decision time, the load shift since) when the load has moved past
+    the turn-back margin since that move, else None. The cooldown exists to keep noise from
+    reversing a move; a shift past the margin that already licenses turning back is a
+    change of phase, and a worker moved for the old load should not sit it out."""
+    mem = inp.memory
+    if mem is None or not settings.waive_cooldown_on_shift:
+        return None
+    shift = load_shift(mem, inp.load)
+    if shift > turn_back_margin(inp.policy, settings):
+        return mem.decided_at, shift
+    return None
+
+
 # --- Step 1: observe ----------------------------------------------------------------------
 
 
@@ -369,10 +390,8 @@ def gate(inp: ModelInput, obs: Observation, cv: CandidateVerdict, ch: ChoiceVerd
         ), ch.best_prefill
     mem, move = inp.memory, obs.move
     shift = load_shift(mem, inp.load)
-    # The way back (or elsewhere mid-move) opens only when the load moved past the margin:
-    # the hysteresis, and at least settings.reverse_margin (a load derived from windows of
-    # finished requests wanders by more than 10 % inside one phase).
-    margin = max(h, settings.reverse_margin)
+    # The way back (or elsewhere mid-move) opens only when the load moved past the margin.
+    margin = turn_back_margin(pol, settings)
     moved = shift > margin
     base.update(load_shift=shift, dwell_s=settings.dwell_s)
 

@@ -291,3 +291,66 @@ def test_whatif_infeasible_shapes_lead_with_the_binding_reason():
     assert floor.explanation.startswith("No layout meets the targets")
     ok = whatif(WhatIfQuery(gpu="H200 NVL", nodes=4, rate_rps=2))
     assert ok.infeasible == [] and ok.explanation.startswith("Best:")
+
+
+# --- The cooldown gives way to a load shift past the turn-back margin ---------------------
+
+RAG = LoadInput(40, 40, 4000, None, 300, 0.3, inflight=120, inflight_peak=120)
+CHAT = LoadInput(100, 100, 300, None, 400, 0.3, inflight=600, inflight_peak=600)
+
+
+def just_split(load_then, p=8, n=16):
+    """Every worker moved at t=0 (aggregated → pP:(n-p)D), decided at ``load_then``."""
+    roles = ["prefill"] * p + ["decode"] * (n - p)
+    workers, links = fleet(2, n // 2, roles)
+    workers = tuple(replace(w, changed_at=0.0) for w in workers)
+    mem = MoveMemory(0, p, "aggregated", f"{p}P:{n - p}D", 0.0, load_then.rate_rps,
+                     load_then.isl_mean, load_then.osl_mean, 2, 4)
+    return workers, links, mem
+
+
+def cooled(inp, d, now):
+    return [c for c in d.changes
+            if now - next(w for w in inp.workers if w.id == c.worker_id).changed_at
+            < inp.policy.cooldown_s]
+
+
+def test_a_phase_change_waives_the_cooldown_and_says_so():
+    workers, links, mem = just_split(RAG)
+    inp = make_input(workers, links, CHAT, mem, cooldown_s=120)
+    d = plan_model(inp, 60.0)
+    assert d.action == "change" and cooled(inp, d, 60.0), d.explanation
+    assert "cooldown waived for" in d.explanation and "since the move at 0 s" in d.explanation
+    # The same want at the load the move was made for: the cooldown holds.
+    workers, links, mem = just_split(CHAT)
+    inp = make_input(workers, links, CHAT, mem, cooldown_s=120)
+    d = plan_model(inp, 60.0)
+    assert not cooled(inp, d, 60.0) and "cooldown waived" not in d.explanation
+    # Off by setting: the cooldown always holds.
+    workers, links, mem = just_split(RAG)
+    inp = make_input(workers, links, CHAT, mem, cooldown_s=120)
+    d = plan_model(inp, 60.0, replace(DEFAULT_SETTINGS, waive_cooldown_on_shift=False))
+    assert not cooled(inp, d, 60.0) and d.reason == "workers-not-eligible"
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    p=st.integers(2, 12), rate=st.floats(2, 50), isl=st.floats(300, 8000),
+    osl=st.floats(50, 600), k_rate=st.floats(0.3, 3), k_isl=st.floats(0.3, 3),
+    constant=st.booleans(), now=st.floats(1, 119),
+)
+def test_a_worker_in_its_cooldown_moves_only_after_a_load_shift_past_the_margin(
+        p, rate, isl, osl, k_rate, k_isl, constant, now):
+    then = LoadInput(rate, rate, isl, None, osl, 0.3, inflight=int(rate * 3),
+                     inflight_peak=int(rate * 3))
+    load = then if constant else replace(then, rate_rps=rate * k_rate,
+                                         peak_rps=rate * k_rate, isl_mean=isl * k_isl)
+    workers, links, mem = just_split(then, p)
+    inp = make_input(workers, links, load, mem, cooldown_s=120)
+    d = plan_model(inp, now)
+    margin = max(inp.policy.hysteresis, DEFAULT_SETTINGS.reverse_margin)
+    if cooled(inp, d, now):
+        assert not constant and load_shift(mem, load) > margin
+        assert "cooldown waived for" in d.explanation
+    if load_shift(mem, load) <= margin:
+        assert not cooled(inp, d, now) and "cooldown waived" not in d.explanation
