@@ -31,6 +31,17 @@ PREFIX_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_quer
 PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 
+# The gateway's routing decisions by reason (gateway.router, label ``model`` = the served
+# model's name). On the aggregated path a request either followed its cached prefix
+# ("kv_prefix") or was placed by load (the others); a retry ("retry_<reason>") counts as
+# its reason. The P/D reasons ("pd_*") say nothing about the aggregated pool: not counted.
+ROUTING_DECISIONS = "pdplane_gateway_routing_decisions_total"
+AFFINITY_REASONS = frozenset({"kv_prefix"})
+POOLED_REASONS = frozenset({"kv_aware", "only_candidate", "fallback_prefill_only"})
+# Fewer aggregated-path decisions than this in the window: a share of a handful of
+# requests is noise, not a routing mix (None = the cost model's estimate).
+MIN_DECISIONS = 20.0
+
 
 @dataclass(frozen=True)
 class LatencyFigures:
@@ -82,6 +93,34 @@ def _side(names: tuple[str, ...], labels: dict[str, str], roles: tuple[str, ...]
     discovery attaches), or over every engine when no series carries that label."""
     with_role = _either(names, labels, template, f'role=~"{"|".join(roles)}"')
     return f"({with_role}) or ({_either(names, labels, template)})"
+
+
+def affinity_query(model_name: str, window: str) -> str:
+    return (f"sum by (reason) (increase({ROUTING_DECISIONS}"
+            f"{_selector({'model': model_name})}[{window}]))")
+
+
+def affinity_share_from(result) -> float | None:
+    """Share of the aggregated path's decisions that followed a prefix, from the vector
+    answer to :func:`affinity_query` (``[{"metric": {"reason": ...}, "value": [t, "n"]}]``);
+    None when the answer is malformed or holds under :data:`MIN_DECISIONS` decisions."""
+    if not isinstance(result, list):
+        return None
+    followed = total = 0.0
+    for series in result:
+        try:
+            reason = str(series["metric"].get("reason", "")).removeprefix("retry_")
+            value = float(series["value"][1])
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+            continue
+        if not math.isfinite(value) or value < 0:
+            continue
+        if reason in AFFINITY_REASONS:
+            followed += value
+        elif reason not in POOLED_REASONS:
+            continue
+        total += value
+    return followed / total if total >= MIN_DECISIONS else None
 
 
 def prom_duration(seconds: float) -> str:
@@ -139,6 +178,24 @@ class FleetLatencyReader:
             stats = None
         self._cache[key] = (now, stats)
         return stats
+
+    def affinity_share(self, model_name: str, window_s: float) -> float | None:
+        """Share of the model's aggregated-path routing decisions over ``window_s`` that
+        followed a cached prefix (:func:`affinity_share_from`); None on any failure."""
+        key = ("affinity", model_name, window_s)
+        cached = self._cache.get(key)
+        now = time.monotonic()
+        if cached and now - cached[0] < self.cache_s:
+            return cached[1]
+        try:
+            share = affinity_share_from(self._client.custom_query(
+                affinity_query(model_name, prom_duration(window_s)),
+                params={"timeout": prom_duration(self.timeout_s)}))
+        except Exception as exc:  # requests, JSON and Prometheus errors alike
+            log.warning("prometheus routing-decision query failed (%s); affinity unknown", exc)
+            share = None
+        self._cache[key] = (now, share)
+        return share
 
     def _engine_stats(self, labels: dict[str, str], w: str, window_s: float
                       ) -> FleetEngineStats | None:

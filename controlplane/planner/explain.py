@@ -98,7 +98,10 @@ def explain_decision(d: ModelDecision) -> str:
         f"{rate(obs.rate_rps)} now, planning for {rate(obs.plan_rate_rps)}; "
         f"prompts {obs.isl_mean:,.0f} tokens"
         + (f" (p95 {obs.isl_p95:,.0f})" if obs.isl_p95 else "")
-        + f" ({obs.prefix_hit:.0%} cached), answers {obs.osl_mean:,.0f}; targets TTFT p95 "
+        + f" ({obs.prefix_hit:.0%} cached)"
+        + (f", {obs.affinity_share:.0%} routed by prefix affinity ({obs.affinity_source})"
+           if obs.affinity_share is not None else "")
+        + f", answers {obs.osl_mean:,.0f}; targets TTFT p95 "
         f"{secs(obs.ttft_target_ms / 1000)}, ITL p95 {secs(obs.itl_target_ms / 1000)}."
     )
     if obs.gpu_estimate:  # the figures below rest on a guessed GPU profile: say so first

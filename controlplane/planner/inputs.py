@@ -175,6 +175,7 @@ def gather_cluster(cluster: Cluster) -> ClusterInputs:
                 itl = stats.itl_p95_s if stats.itl_p95_s is not None else itl
                 source = f"fleet histograms ({stats.source}, {stats.window_s:g} s)"
             itl_mean = stats.itl_mean_s
+        load = _with_affinity(load, sm.name, max(float(policy.rebalance_interval_s), 10.0))
         # A window without finished requests keeps the last mix with traffic (the load the
         # planner was given last cycle), so the planned peak is priced with real prompts.
         load, carried = carry_mix(load, (state.last_inputs or {}).get("load"))
@@ -231,6 +232,24 @@ def _fleet_stats(name: str, roles: dict, window_s: float):
     except Exception as exc:  # no engine stats must never stop planning
         log.warning("engine stats for %s unavailable: %s", name, exc)
         return None
+
+
+def _with_affinity(load: LoadInput, name: str, window_s: float) -> LoadInput:
+    """The share of requests the gateway routed by prefix affinity, from its routing
+    decisions in Prometheus over the planning window; unchanged (None: the cost model's
+    estimate from the hit rate) without Prometheus or without an answer."""
+    reader = _prometheus()
+    if reader is None:
+        return load
+    try:
+        share = reader.affinity_share(name, window_s)
+    except Exception as exc:  # a bug or outage there must not stop planning
+        log.warning("routing decisions for %s unavailable: %s", name, exc)
+        share = None
+    if share is None:
+        return load
+    return replace(load, affinity_share=share,
+                   affinity_source=f"gateway decisions, prometheus, {window_s:g} s")
 
 
 def _load_from_stats(load: LoadInput, stats, state: ModelPlannerState) -> LoadInput:

@@ -32,6 +32,11 @@ class LoadInput:
     measured_itl_p95_ms: float | None = None
     osl_p95: float | None = None
     isl_p50: float | None = None  # with isl_p95: the prompt-length spread (lognormal fit)
+    # Share of the aggregated path's routing decisions that followed a cached prefix (the
+    # gateway's decisions by reason, from Prometheus); None = unknown: the cost model's
+    # bound from the hit rate. ``affinity_source`` says where a known share came from.
+    affinity_share: float | None = None
+    affinity_source: str = ""
 
 
 @dataclass(frozen=True)

@@ -109,6 +109,8 @@ class Observation:
     tp: int
     move: MoveProgress | None = None  # set while a move is under way
     gpu_estimate: str = ""  # why the GPU profile is an estimate ("" when catalogued)
+    affinity_share: float | None = None  # measured prefix-affinity share (None: estimated)
+    affinity_source: str = ""
 
 
 @dataclass(frozen=True)

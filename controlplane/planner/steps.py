@@ -42,6 +42,10 @@ def workload_for(load: LoadInput, policy: EffectivePolicy, rate: float) -> Workl
         prefix_hit=min(max(load.prefix_hit, 0.0), 1.0),
         isl_p95=load.isl_p95,
         isl_p50=load.isl_p50,
+        # None (unknown, or not a number) keeps the cost model's bound from the hit rate.
+        affinity_share=(min(max(load.affinity_share, 0.0), 1.0)
+                        if load.affinity_share is not None
+                        and load.affinity_share == load.affinity_share else None),
         ttft_slo_s=policy.ttft_p95_ms / 1000.0,
         itl_slo_s=policy.itl_p95_ms / 1000.0,
         # The router's conditional P/D (policy auto): short uncached prompts prefill on
@@ -251,6 +255,7 @@ def observe(inp: ModelInput, now: float, settings: PlannerSettings) -> Observati
         ttft_target_ms=pol.ttft_p95_ms, itl_target_ms=pol.itl_p95_ms,
         gpu=inp.shape.gpu.name, tp=inp.shape.tp, move=move,
         gpu_estimate=getattr(inp.shape.gpu, "estimate_reason", "") or "",
+        affinity_share=load.affinity_share, affinity_source=load.affinity_source,
     )
 
 

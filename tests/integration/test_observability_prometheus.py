@@ -27,6 +27,7 @@ import uuid
 
 import pytest
 from django.db import connection
+from prometheus_client import start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.observability.promread import FleetLatencyReader
@@ -34,6 +35,7 @@ from controlplane.planner import inputs as planner_inputs
 from controlplane.telemetry import hotstate
 from controlplane.telemetry.tokens import issue_token
 from controlplane.topology.models import Cluster, Node, ServedModel, Worker
+from gateway.metrics import GatewayMetrics
 from tests.conftest import (
     ROOT,
     WAIT_S,
@@ -156,7 +158,7 @@ async def drive_traffic(api_urls: list[str], seconds: float, concurrency: int = 
 
 
 class Prometheus:
-    def __init__(self, workdir, sd_url: str, control_plane: str):
+    def __init__(self, workdir, sd_url: str, control_plane: str, gateway: str):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.workdir = workdir
@@ -170,6 +172,7 @@ class Prometheus:
                      "authorization": {"type": "Bearer", "credentials": TOKEN}}]},
                 {"job_name": "pdplane", "static_configs": [{"targets": [cp_host]}],
                  "authorization": {"type": "Bearer", "credentials": TOKEN}},
+                {"job_name": "pdplane-gateway", "static_configs": [{"targets": [gateway]}]},
             ],
         }
         # Prometheus reads YAML; JSON is YAML.
@@ -235,7 +238,7 @@ def test_prometheus_reads_match_engine_histograms_and_fall_back(tmp_path, settin
                      ALLOWED_HOSTS="127.0.0.1,localhost", PDPLANE_VAR_DIR=str(tmp_path))
     procs: list[subprocess.Popen] = []
     logs = []
-    prom = None
+    prom = gw_server = None
 
     def spawn(args, name, proc_env=None):
         log = open(tmp_path / f"{name}.log", "w")  # noqa: SIM115 - closed in finally
@@ -305,8 +308,16 @@ def test_prometheus_reads_match_engine_histograms_and_fall_back(tmp_path, settin
                             "pdplane_agent_collect_seconds_count") > 0
         assert "pdplane_agent_kv_event_gaps" in agent_fams
 
+        # A gateway's routing-decision counters (its own metrics class, served on a port):
+        # at zero before the first scrape, so increase() over the window sees all of them.
+        gw_metrics = GatewayMetrics()
+        decided = {r: gw_metrics.decisions.labels(MODEL, r)
+                   for r in ("kv_prefix", "kv_aware", "pd_remote_prefill")}
+        gw_port = free_port()
+        gw_server, _ = start_http_server(gw_port, "127.0.0.1", registry=gw_metrics.registry)
         # Prometheus: both engines up and scraped at least twice while idle.
-        prom = Prometheus(tmp_path, base + "/api/v1/prometheus/targets?cluster=prom-e2e", base)
+        prom = Prometheus(tmp_path, base + "/api/v1/prometheus/targets?cluster=prom-e2e", base,
+                          f"127.0.0.1:{gw_port}")
         prom.start()
         wait_until(lambda: len(prom.query('count_over_time(up{job=~"pdplane-engine.*"}[1m]) >= 2'))
                    == 2, WAIT_S, what="two scrapes of both engines")
@@ -317,6 +328,9 @@ def test_prometheus_reads_match_engine_histograms_and_fall_back(tmp_path, settin
 
         engine_metrics = {e["id"]: e["metrics_url"] for e in sim["engines"]}
         before = {eid: get(url).decode() for eid, url in engine_metrics.items()}
+        # 30 of the 100 aggregated-path decisions followed a prefix; P/D ones do not count.
+        for reason, n in (("kv_prefix", 30), ("kv_aware", 70), ("pd_remote_prefill", 50)):
+            decided[reason].inc(n)
         served_requests = asyncio.run(
             drive_traffic([e["api_url"] for e in sim["engines"]], seconds=6))
         assert served_requests > 10
@@ -366,6 +380,11 @@ def test_prometheus_reads_match_engine_histograms_and_fall_back(tmp_path, settin
         assert stats.prompt_tokens_p95 and stats.generation_tokens_p95
         assert stats.prompt_tokens_mean and stats.generation_tokens_mean
 
+        # The gateway's share of prefix-affinity decisions (one series per reason, scraped
+        # at the same instants: the same extrapolation, so the ratio is exact).
+        assert reader.affinity_share(MODEL, 120.0) == pytest.approx(0.3, rel=1e-3)
+        assert reader.affinity_share("no-such-model", 120.0) is None
+
         # Prometheus scraped the control plane too, and the Grafana dashboard's queries parse.
         assert prom.query("pdplane_agent_reports_ingested_total > 0")
         dashboard = json.loads((ROOT / "docker/grafana/pdplane-dashboard.json").read_text())
@@ -380,15 +399,22 @@ def test_prometheus_reads_match_engine_histograms_and_fall_back(tmp_path, settin
             node=node)), WAIT_S, what="hot state")
         states = [hotstate.worker_state(w.pk) for w in Worker.objects.filter(node=node)]
         assert planner_inputs.measured_latency(served, states)[2] == "prometheus"
+        load = planner_inputs._with_affinity(planner_inputs.LoadInput(), MODEL, 120.0)
+        assert load.affinity_share == pytest.approx(0.3, rel=1e-3)
+        assert "prometheus" in load.affinity_source
 
         # ...and falls back to the agents once it is gone, without raising.
         prom.stop()
         started = time.monotonic()
         assert reader.model_figures(MODEL) is None
         assert reader.worker_figures(MODEL, worker_label["e0"]) is None
+        assert reader.affinity_share(MODEL, 120.0) is None
         planner_inputs._reader = None  # a new planning cycle: nothing cached
         ttft, _itl, source = planner_inputs.measured_latency(served, states)
         assert source == "agents"
+        # Without an answer the share is unknown: the cost model's estimate, as before.
+        assert planner_inputs._with_affinity(planner_inputs.LoadInput(), MODEL, 120.0
+                                             ).affinity_share is None
         # No retry storm while Prometheus is down: refused connections cost milliseconds;
         # a wait for the reader's 5 s timeout per query would cost 20 s or more.
         assert time.monotonic() - started < 10.0
@@ -397,6 +423,8 @@ def test_prometheus_reads_match_engine_histograms_and_fall_back(tmp_path, settin
     finally:
         if prom is not None:
             prom.stop()
+        if gw_server is not None:
+            gw_server.shutdown()
         for proc in reversed(procs):
             stop_process(proc)
         for log in logs:

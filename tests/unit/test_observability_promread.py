@@ -2,6 +2,8 @@ from controlplane.observability.promread import (
     ITL_BUCKETS,
     TTFT_BUCKETS,
     FleetLatencyReader,
+    affinity_query,
+    affinity_share_from,
     quantile_query,
     rate_query,
 )
@@ -25,11 +27,42 @@ def test_rate_query_sums():
     assert rate_query(("x_total",), {"w": "n/e"}, "2m") == '(sum(rate(x_total{w="n/e"}[2m])))'
 
 
+def test_affinity_query_sums_routing_decisions_by_reason():
+    q = affinity_query('m"1', "60000ms")
+    assert q == ('sum by (reason) (increase(pdplane_gateway_routing_decisions_total'
+                 '{model="m\\"1"}[60000ms]))')
+
+
+def _vector(**counts):
+    return [{"metric": {"reason": r}, "value": [1700000000.0, str(v)]} for r, v in counts.items()]
+
+
+def test_affinity_share_counts_the_aggregated_path_only():
+    # 30 followed (one a retry) of 30 + 50 + 20 aggregated-path decisions; P/D reasons and
+    # unknown ones are not part of the aggregated pool's mix.
+    answer = _vector(kv_prefix=29.0, retry_kv_prefix=1.0, kv_aware=45.0, retry_kv_aware=5.0,
+                     only_candidate=20.0, pd_remote_prefill=400.0, something_new=7.0)
+    assert affinity_share_from(answer) == 0.3
+    assert affinity_share_from(_vector(kv_aware=100.0)) == 0.0
+
+
+def test_bad_or_thin_answers_mean_unknown():
+    assert affinity_share_from([]) is None
+    assert affinity_share_from(None) is None
+    assert affinity_share_from({"error": "x"}) is None
+    assert affinity_share_from(_vector(kv_prefix=3.0, kv_aware=2.0)) is None  # too few
+    assert affinity_share_from(_vector(pd_remote_prefill=500.0)) is None  # split: no mix
+    junk = [{"metric": {}, "value": [0, "NaN"]}, {"value": [0]}, "x",
+            {"metric": {"reason": "kv_prefix"}, "value": [0, "-5"]}]
+    assert affinity_share_from(junk + _vector(kv_prefix=10.0, kv_aware=30.0)) == 0.25
+
+
 def test_unreachable_prometheus_means_fall_back_not_raise():
     reader = FleetLatencyReader("http://127.0.0.1:9", timeout_s=0.5)
     assert reader.model_figures("llama") is None
     # Cached for the cycle: the second call does not wait for another timeout.
     assert reader.model_figures("llama") is None
+    assert reader.affinity_share("llama", 60.0) is None
 
 
 def test_engine_targets_carry_role_labels():
