@@ -320,39 +320,49 @@ class LoadReservation:
 
     def __init__(self, loads: defaultdict[str, WorkerLoad], plan: RoutePlan, prompt_tokens: int,
                  output_tokens: int, block_size: int, weight: float | None = None) -> None:
+        # blocks_for inlined (no calls on the hot path): for non-negative ints -(-t // bs)
+        # is ceil(t / bs); a count <= 0 is 0 blocks. Likewise max(x, 0) below.
         self.loads = loads
-        uncached = blocks_for(max(prompt_tokens - plan.cached_tokens, 0), block_size)
-        held = 0 if plan.prefill else blocks_for(plan.cached_tokens, block_size)
-        added = max(blocks_for(prompt_tokens, block_size) - held, 0) + blocks_for(
-            output_tokens, block_size)
-        self.prefill: tuple[str, float] | None = (plan.prefill or plan.decode, uncached)
-        self.decode: tuple[str, float] | None = (plan.decode, added)
-        loads[plan.prefill or plan.decode].prefill_blocks += uncached
-        load = loads[plan.decode]
+        bs = block_size if block_size > 1 else 1
+        cached, decode = plan.cached_tokens, plan.decode
+        prefill = plan.prefill or decode
+        uncached = -((cached - prompt_tokens) // bs) if prompt_tokens > cached else 0
+        added = (-(-prompt_tokens // bs) if prompt_tokens > 0 else 0) - (
+            0 if plan.prefill or cached <= 0 else -(-cached // bs))
+        added = (added if added > 0 else 0) + (
+            -(-output_tokens // bs) if output_tokens > 0 else 0)
+        self.prefill: tuple[str, float] | None = (prefill, uncached)
+        self.decode: tuple[str, float] | None = (decode, added)
+        loads[prefill].prefill_blocks += uncached
+        load = loads[decode]
         load.decode_blocks += added
         load.in_flight += 1
-        self.weight = (stall_weight(output_tokens, plan.ttft_itl_ratio) if weight is None
-                       else weight)
+        if weight is None:
+            weight = stall_weight(output_tokens, plan.ttft_itl_ratio)
+        self.weight = weight
         load.own_requests += 1
-        load.stall_weight_sum += self.weight
+        load.stall_weight_sum += weight
 
     def prefill_done(self) -> None:
-        if self.prefill is not None:
-            worker_id, blocks = self.prefill
-            load = self.loads[worker_id]
-            load.prefill_blocks = max(load.prefill_blocks - blocks, 0.0)
+        held = self.prefill
+        if held is not None:
+            load = self.loads[held[0]]
+            blocks = load.prefill_blocks - held[1]
+            load.prefill_blocks = 0.0 if blocks < 0.0 else blocks
             self.prefill = None
 
     def release(self) -> None:
-        self.prefill_done()
-        if self.decode is not None:
-            worker_id, blocks = self.decode
-            load = self.loads[worker_id]
-            load.decode_blocks = max(load.decode_blocks - blocks, 0.0)
-            load.in_flight = max(load.in_flight - 1, 0)
-            load.own_requests = max(load.own_requests - 1, 0)
-            load.stall_weight_sum = (max(load.stall_weight_sum - self.weight, 0.0)
-                                     if load.own_requests else 0.0)
+        if self.prefill is not None:
+            self.prefill_done()
+        held = self.decode
+        if held is not None:
+            load = self.loads[held[0]]
+            blocks, n = load.decode_blocks - held[1], load.in_flight - 1
+            load.decode_blocks = 0.0 if blocks < 0.0 else blocks
+            load.in_flight = 0 if n < 0 else n
+            own, weights = load.own_requests - 1, load.stall_weight_sum - self.weight
+            load.own_requests = own if own > 0 else 0
+            load.stall_weight_sum = (0.0 if weights < 0.0 else weights) if own > 0 else 0.0
             self.decode = None
 
 
