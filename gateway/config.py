@@ -78,6 +78,8 @@ class GatewayConfig:
             raise GatewayConfigError("max_attempts must be ≥ 1")
         if self.max_table_bytes < 1024:
             raise GatewayConfigError("max_table_bytes must be at least 1024")
+        if not self.approx_ttl_s > 0:  # the index's decay divides by it
+            raise GatewayConfigError("approx_ttl_s must be > 0 (seconds)")
         if self.pull_interval_s < 0:
             raise GatewayConfigError("pull_interval_s must be ≥ 0 (0 = pull only at start)")
         if self.log_level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:

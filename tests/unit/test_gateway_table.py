@@ -112,6 +112,8 @@ def test_config_layers_and_checks(tmp_path):
     with pytest.raises(GatewayConfigError, match="secret"):
         build_config({"control_plane_url": "http://cp", "cluster": "c",
                       "gateway_name": "g"}, env={})
+    with pytest.raises(GatewayConfigError, match="approx_ttl_s"):
+        build_config({"approx_ttl_s": 0}, env={})
 
 
 def test_cli_refuses_model_without_workers(capsys):
