@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from tests.conftest import WAIT_S
 from tests.realvllm import engine_probe as probe
 from tests.realvllm.conftest import BLOCK_SIZE, ENGINE_A_BLOCKS
 from workers_agent.collectors.engine_metrics import EngineMetricsCollector
@@ -112,7 +113,9 @@ def test_kv_subscriber_tracks_real_blocks_and_predicts_prefix_hits(engine_a):
     sub = KVEventSubscriber(engine_a.kv_events_endpoint, engine_a.kv_replay_endpoint)
     try:
         sub.connect()
-        time.sleep(0.5)  # slow joiner
+        # Slow joiner: wait until the subscription is live (a fixed 0.5 s was not always
+        # enough on a loaded box, and the test then reran on the block-set check).
+        _publish_until_received(engine_a, sub, None)
         prompts = [probe.unique_prompt(420) for _ in range(6)]  # 6 x ~14 blocks > 64
         ids = {p: probe.complete(engine_a.url, p, max_tokens=1)["choices"][0]["prompt_token_ids"]
                for p in prompts}  # fmt: skip
@@ -196,8 +199,14 @@ def test_kv_subscriber_recovers_a_lost_tail(engine_a):
         _publish_until_received(engine_a, sub, None)
         sub.close()
         probe.complete(engine_a.url, probe.unique_prompt(60), max_tokens=1)
-        time.sleep(0.5)
-        assert sub.check_tail(force=True) >= 1
+        # The engine publishes the request's batch on its own schedule: check the tail until
+        # it is there (a fixed 0.5 s could come too early on a loaded box).
+        recovered, deadline = 0, time.monotonic() + WAIT_S
+        while recovered < 1 and time.monotonic() < deadline:
+            recovered += sub.check_tail(force=True)
+            if recovered < 1:
+                time.sleep(0.2)
+        assert recovered >= 1
         assert sub.state.blocks == set(_history_state(engine_a).live)
     finally:
         sub.close()
