@@ -21,12 +21,11 @@ from django.test import override_settings
 from controlplane.alerts.evaluation import run_cycle
 from controlplane.alerts.models import AlertRule, Delivery, DeliveryStatus, WebhookEndpoint
 from controlplane.alerts.rules import NODE_OFFLINE
-from tests.conftest import ROOT, python_env
+from tests.conftest import ROOT, python_env, wait_until
 from tests.integration.alerts_support.fixtures import (
     FAST_SETTINGS,
     offline_snapshot,
     running_receiver,
-    wait_until,
 )
 
 pytestmark = [
@@ -129,7 +128,7 @@ def test_worker_killed_mid_delivery_is_redelivered_after_restart(tmp_path):
             try:
                 first = Worker(queue, tmp_path / "worker1.log").start()
                 sweep_soon()
-                wait_until(lambda: rx.requests(), 120, message="the first request")
+                wait_until(lambda: rx.requests(), 120, what="the first request")
                 delivery.refresh_from_db()
                 assert delivery.status == DeliveryStatus.SENDING
                 first.kill()  # SIGKILL mid-request: no chance to record anything
@@ -142,7 +141,7 @@ def test_worker_killed_mid_delivery_is_redelivered_after_restart(tmp_path):
                     delivery.refresh_from_db()
                     return delivery.status == DeliveryStatus.DELIVERED
 
-                wait_until(delivered, LEASE_S + 120, step=1.0, message="redelivery")
+                wait_until(delivered, LEASE_S + 120, interval=1.0, what="redelivery")
             finally:
                 for w in (first, second):
                     if w:

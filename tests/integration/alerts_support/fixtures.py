@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -98,11 +97,3 @@ def offline_snapshot(now: float, *nodes: str, cluster: str = "c1") -> FleetSnaps
     )
 
 
-def wait_until(predicate, timeout: float, step: float = 0.1, message: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError(f"timed out after {timeout}s waiting for {message}")

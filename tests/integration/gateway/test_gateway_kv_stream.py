@@ -9,23 +9,11 @@ import time
 import pytest
 
 from gateway.statictable import table_from_sim_endpoints
-from tests.conftest import WAIT_S
+from tests.conftest import WAIT_S, wait_until
 
 from .conftest import MODEL, post, write_json
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
-
-
-def wait(pred, timeout=WAIT_S, what=""):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = pred()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}: {last!r}")
-
 
 def tokens_completion(gw, ids, max_tokens=2):
     return post(gw.url + "/v1/completions",
@@ -41,7 +29,7 @@ def test_engine_restart_empties_and_refills_the_workers_index(
     time.sleep(0.5)  # ZMQ slow joiner
     old = list(range(1000, 1000 + 16 * 8))
     assert tokens_completion(gw, old)[0] == 200
-    before = wait(lambda: (s := gw.admin_table()["kv_streams"].get("a")) and s["blocks"] >= 8
+    before = wait_until(lambda: (s := gw.admin_table()["kv_streams"].get("a")) and s["blocks"] >= 8
                   and s, what="blocks of the first prompt")
     assert before["restarts"] == 0
 
@@ -54,7 +42,7 @@ def test_engine_restart_empties_and_refills_the_workers_index(
         s = gw.admin_table()["kv_streams"]["a"]
         return s["restarts"] >= 1 and s
 
-    after = wait(restarted, what="restart detected")
+    after = wait_until(restarted, what="restart detected")
     # Only the new engine's blocks: the old prompt's 8 are gone, the new one's 4 are in.
     assert after["blocks"] == 4, after
     _, headers, _ = tokens_completion(gw, old)
@@ -74,7 +62,7 @@ def test_stalled_stream_is_reported_and_routed_on_the_approximate_index(
         w["kv_events"] = {"endpoint": dead, "replay_endpoint": None}
     gw = gateway_process("--table", write_json(tmp_path / "t.json", table), "--kv-stall", "1")
     assert tokens_completion(gw, list(range(64)))[0] == 200
-    wait(lambda: gw.admin_table()["kv_streams"]["a"]["stalled"], what="stall")
+    wait_until(lambda: gw.admin_table()["kv_streams"]["a"]["stalled"], what="stall")
     import urllib.request
 
     text = urllib.request.urlopen(gw.url + "/metrics", timeout=WAIT_S).read().decode()
