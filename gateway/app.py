@@ -221,7 +221,9 @@ class Gateway(AdminAPI, PrefixKnowledge, RequestDriver):
         """One OpenAI request, planned and retried. ``request`` is the server's exchange
         (:mod:`gateway.exchange`); returns the whole answer, or ``None`` once it streamed."""
         started = time.perf_counter()
-        raw = await request.read()
+        raw = request.body_now()  # the whole body, if it is in (the usual case)
+        if raw is None:
+            raw = await request.read()
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:

@@ -1,9 +1,10 @@
 """What the request path needs from the server it runs under, and nothing more.
 
 The OpenAI endpoints (:meth:`gateway.app.Gateway._serve` and the request driver) read the
-client's headers and body and answer either with a whole :class:`Reply` or with a stream
-(:meth:`start_stream`, :meth:`write`, :meth:`write_eof`). Two servers provide that: the
-lean one (:mod:`gateway.front`, the default) and aiohttp's (:class:`AiohttpExchange`, for
+client's headers and body (``body_now()``: the body if it is all in, else ``read()``) and
+answer either with a whole :class:`Reply` or with a stream (:meth:`start_stream`,
+:meth:`write`, :meth:`write_eof`). Two servers provide that: the lean one
+(:mod:`gateway.front`, the default) and aiohttp's (:class:`AiohttpExchange`, for
 ``--server aiohttp`` and the in-process test client), so the request path is written once.
 """
 
@@ -50,6 +51,10 @@ class AiohttpExchange:
 
     async def read(self) -> bytes:
         return await self.request.read()
+
+    def body_now(self) -> bytes | None:
+        """The whole body without waiting, if it can be had so (here: never; read it)."""
+        return None
 
     async def start_stream(self, status: int, headers: dict[str, str], first: bytes) -> None:
         self.response = web.StreamResponse(status=status, headers=headers)

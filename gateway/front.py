@@ -59,6 +59,14 @@ KEEPALIVE_S = 75.0  # aiohttp's keepalive_timeout
 LINGER_S = 10.0  # aiohttp's lingering_time: how long a refused body is read and dropped
 SHUTDOWN_S = 10.0  # requests in flight at SIGTERM get this long to finish
 GC_YOUNG_THRESHOLD = 10_000  # new containers between young collections (Python's: 700)
+# Decoded forms of what clients send again and again (header names, methods, request
+# targets), so a request decodes, lower-cases and splits only what it is the first to send.
+# Bounded: emptied when full (a client sending ever new ones costs what it did before).
+CACHE_LIMIT = 1024
+CACHED_SIZE = 256  # longer names and targets are not kept (at most 256 KiB a cache)
+_NAMES: dict[bytes, str] = {}  # raw header name -> lower-case str
+_METHODS: dict[bytes, str] = {}
+_TARGETS: dict[bytes, tuple[str, str]] = {}  # origin-form target -> (path, query string)
 
 
 class _Conn(asyncio.Protocol):
@@ -150,30 +158,44 @@ class _Conn(asyncio.Protocol):
         self.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        dict.setdefault(self.parsing.headers, name.decode("latin-1").lower(),
-                        value.decode("latin-1"))
+        key = _NAMES.get(name)
+        if key is None:
+            key = name.decode("latin-1").lower()
+            if len(name) <= CACHED_SIZE:
+                if len(_NAMES) >= CACHE_LIMIT:
+                    _NAMES.clear()
+                _NAMES[name] = key
+        dict.setdefault(self.parsing.headers, key, value.decode("latin-1"))
 
     def on_headers_complete(self) -> None:
         req, parser = self.parsing, self.parser
         self.head_bytes = 0
-        req.method = parser.get_method().decode("latin-1")
+        raw_method = parser.get_method()
+        method = _METHODS.get(raw_method)
+        if method is None:
+            method = raw_method.decode("latin-1")
+            if len(_METHODS) >= CACHE_LIMIT:
+                _METHODS.clear()
+            _METHODS[raw_method] = method
+        req.method = method
         req.version = parser.get_http_version()
         req.keep_alive = parser.should_keep_alive()
         url = self.url
-        if url[:1] != b"/":  # absolute form (a proxy's request) or "*"
-            with contextlib.suppress(httptools.HttpParserInvalidURLError):
-                parsed = httptools.parse_url(url)
-                url = (parsed.path or b"/") + (b"?" + parsed.query if parsed.query else b"")
-        path, _, query = url.partition(b"?")
-        req.path = path.decode("latin-1")
-        if "%" in req.path:
-            req.path = unquote(req.path)
-        req.query_string = query.partition(b"#")[0].decode("latin-1")
-        if req.method == "POST":
-            req.hot = self.front.openai.get(req.path)
-        if req.hot is not None and (req.content_length or 0) > MAX_BODY:
-            req.error = plain(413, f"413: request body over the {MAX_BODY}-byte limit")
-            req.discard = True
+        target = _TARGETS.get(url)
+        if target is None:
+            target = _split_target(url)
+            if url[:1] == b"/" and len(url) <= CACHED_SIZE:  # origin form, short
+                if len(_TARGETS) >= CACHE_LIMIT:
+                    _TARGETS.clear()
+                _TARGETS[url] = target
+        req.path, req.query_string = target
+        if method == "POST":
+            hot = req.hot = self.front.openai.get(req.path)
+            if hot is not None:
+                length = dict.get(req.headers, "content-length")  # as req.content_length
+                if length is not None and length.isdigit() and int(length) > MAX_BODY:
+                    req.error = plain(413, f"413: request body over the {MAX_BODY}-byte limit")
+                    req.discard = True
         self.queue.append(req)
         self._kick()
         if len(self.queue) > MAX_PIPELINED:
@@ -330,6 +352,19 @@ class _Conn(asyncio.Protocol):
         if front.access_log:
             access_log.info('"%s %s HTTP/%s" %d', req.method, req.path, req.version,
                             req.status)
+
+
+def _split_target(url: bytes) -> tuple[str, str]:
+    """A request target -> (path, percent-decoded; query string, no fragment)."""
+    if url[:1] != b"/":  # absolute form (a proxy's request) or "*"
+        with contextlib.suppress(httptools.HttpParserInvalidURLError):
+            parsed = httptools.parse_url(url)
+            url = (parsed.path or b"/") + (b"?" + parsed.query if parsed.query else b"")
+    path, _, query = url.partition(b"?")
+    text = path.decode("latin-1")
+    if "%" in text:
+        text = unquote(text)
+    return text, query.partition(b"#")[0].decode("latin-1")
 
 
 class Front:

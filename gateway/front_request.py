@@ -111,6 +111,17 @@ class Request:
     def content(self) -> Request:
         return self
 
+    def body_now(self) -> bytes | None:
+        """The whole body if it is all in (what :meth:`read` would return, without a
+        coroutine); None when it must be awaited or refused (``read()`` says which)."""
+        if not self.complete or self.error is not None:
+            return None
+        chunks = self._chunks
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        self.unread = 0
+        return data
+
     async def read(self) -> bytes:
         while not self.complete and self.error is None:
             await self._wait()

@@ -129,8 +129,11 @@ class RequestDriver:
                 if plan.prefill:
                     response_headers["X-Pdplane-Prefill-Worker"] = plan.prefill
                 if not stream or upstream.status != 200:
-                    rest = await self._read_rest(upstream)
-                    payload = upstream.first_chunk + rest
+                    # A short answer is usually all in by now: taken without a coroutine.
+                    rest = upstream.response.read_now()
+                    if rest is None:
+                        rest = await self._read_rest(upstream)
+                    payload = upstream.first_chunk + rest if rest else upstream.first_chunk
                     self._learn_from_answer(model, prompt, payload)
                     return Reply(upstream.status, payload, response_headers)
                 ttft = time.perf_counter() - started

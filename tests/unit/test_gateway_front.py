@@ -10,6 +10,8 @@ import asyncio
 import aiohttp
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway import front
 from gateway.app import Gateway
@@ -264,3 +266,60 @@ def test_server_setting(server):
     assert GatewayConfig(server=server).server == server
     with pytest.raises(ValueError):
         GatewayConfig(server="nginx").validate()
+
+
+# --- the decoded-forms caches (front._TARGETS, _NAMES, _METHODS) -----------------------
+
+
+def _split_target_as_before(url: bytes) -> tuple[str, str]:
+    """on_headers_complete's target handling before the caches (the oracle)."""
+    import contextlib
+    from urllib.parse import unquote
+
+    import httptools
+
+    if url[:1] != b"/":
+        with contextlib.suppress(httptools.HttpParserInvalidURLError):
+            parsed = httptools.parse_url(url)
+            url = (parsed.path or b"/") + (b"?" + parsed.query if parsed.query else b"")
+    path, _, query = url.partition(b"?")
+    text = path.decode("latin-1")
+    if "%" in text:
+        text = unquote(text)
+    return text, query.partition(b"#")[0].decode("latin-1")
+
+
+_TARGET_BYTES = st.lists(st.sampled_from([b"/", b"v1", b"%20", b"%zz", b"?", b"#", b"a=b",
+                                          b"&", b"http://h:1", b"*", b"\xe9"]),
+                         max_size=8).map(b"".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_TARGET_BYTES)
+def test_request_targets_split_as_before_cached_or_not(url):
+    assert front._split_target(url) == _split_target_as_before(url)
+
+
+def test_cached_names_methods_and_targets_parse_as_the_first_time():
+    """The same request twice (the second from the caches) and a fresh-cased one parse to
+    the same method, path, query and headers."""
+    gateway = Gateway(GatewayConfig(kv_events=False, seed=1))
+    frontend = front.Front(gateway)
+
+    class _Transport:
+        def get_extra_info(self, name, default=None):
+            return None
+
+    conn = front._Conn(frontend)
+    conn.transport = _Transport()
+    conn._kick = lambda: None
+    raw = (b"POST /v1/x%20y?a=1#f HTTP/1.1\r\nHost: h\r\nX-Request-Id: r1\r\n"
+           b"Content-Length: 2\r\n\r\n{}")
+    seen = []
+    for data in (raw, raw, raw.replace(b"X-Request-Id", b"x-REQUEST-id")):
+        conn.data_received(data)
+        req = conn.queue.pop()
+        seen.append((req.method, req.path, req.query_string, dict(req.headers), req.hot))
+    assert seen[0] == seen[1] == seen[2]
+    assert seen[0][:3] == ("POST", "/v1/x y", "a=1")
+    assert seen[0][3] == {"host": "h", "x-request-id": "r1", "content-length": "2"}

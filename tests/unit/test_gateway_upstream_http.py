@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from gateway import upstream_http
 from gateway.upstream_http import Target, Timeouts, UpstreamHTTPError, UpstreamPool
 from tests.conftest import WAIT_S
 
@@ -177,3 +178,65 @@ def test_a_worker_dying_mid_answer_is_an_error_not_an_end():
             server.close()
 
     asyncio.run(main())
+
+
+def test_deadlines_share_a_timer_per_tick_and_never_fire_early():
+    """Totals fire on a tick (``_arm``): not before the deadline, at most a tick after it;
+    an answer that finished leaves its tick, so only the unfinished one times out."""
+    started: list[asyncio.StreamWriter] = []
+
+    async def answer(reader, writer):
+        request = await _read_request(reader)
+        started.append(writer)
+        if b'"fast"' in request:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+        await asyncio.sleep(5)
+
+    async def main():
+        server, target = await _raw_server(answer)
+        pool = UpstreamPool()
+        loop = asyncio.get_running_loop()
+        try:
+            fast = await pool.post(target, b'"fast"', {}, Timeouts(total=0.3))
+            assert fast.read_now() in (None, b"ok")  # complete or not yet: never an error
+            assert await fast.read() in (b"", b"ok")
+            t0 = loop.time()
+            with pytest.raises(TimeoutError):
+                await pool.post(target, b'"slow"', {}, Timeouts(total=0.3))
+            waited = loop.time() - t0
+            assert 0.3 - 0.002 <= waited < 0.3 + upstream_http.DEADLINE_TICK_S + 0.25
+            # Both deadlines fell in a tick of their own or a shared one: at most two timers
+            # for two requests, and no response left waiting in any tick.
+            assert all(not bucket for bucket in pool._deadlines.values())
+        finally:
+            await pool.close()
+            server.close()
+
+    asyncio.run(main())
+
+
+def test_tick_rounding_bounds_the_lateness():
+    pool = UpstreamPool()
+
+    class _Loop:
+        armed: list[float] = []
+
+        def call_at(self, when, callback, *args):
+            self.armed.append(when)
+
+    class _Response:
+        _bucket = None
+
+    loop = _Loop()
+    for total, deadline in ((0.2, 10.001), (600.0, 1000.3), (60.0, 77.77), (0.0, 5.0)):
+        response = _Response()
+        pool._arm(loop, response, deadline, total)
+        when = loop.armed[-1]
+        tick = max(total / upstream_http.DEADLINE_TICKS, upstream_http.DEADLINE_TICK_S)
+        assert deadline <= when <= deadline + tick + 1e-9
+        assert response in response._bucket
+    # Two deadlines in one tick: one timer.
+    before = len(loop.armed)
+    pool._arm(loop, _Response(), 1000.31, 600.0)
+    assert len(loop.armed) == before
