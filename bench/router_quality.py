@@ -15,6 +15,11 @@ the Mooncake and both Azure 2023 traces of ../shared/data/traces/ at full prompt
 - baselines (``bench/routing_baselines.py``): ``round-robin``, ``least-loaded`` and
   ``dynamo-cost`` (Dynamo's KV cost with the engines' true cache contents).
 
+``pdplane`` is told each request's real answer length (an oracle for its stall weights);
+``pdplane-out128-learn`` (``HONEST``, run by default too) is told what a real gateway knows —
+no ``max_tokens``, stall weights learned from finished answers. The JSON's ``headline``
+names both; the summary's ``honest_*`` fields judge the honest one like ``pdplane``.
+
 Load: 1× offers each engine 25 % (``NOMINAL_SHARE``) of its nominal prefill capacity (the
 simulator's own step time for an 8,192-token prefill chunk) in prompt tokens, before any
 cache hit; the trace's arrival times are compressed accordingly (scaled with the fleet
@@ -25,7 +30,8 @@ SLOs from ../shared/data/scenarios.json: Mooncake (mean prompt 15k tokens) is ju
 ``long-context-32k``, Azure conversation by ``chat-low-concurrency``, Azure code by
 ``prefill-heavy-3k-50``. Goodput = requests meeting the TTFT target and a per-request mean
 ITL within the ITL target, per second of the arrival window. Also TTFT p95, ITL p95, prefix
-hit rate (cached / prompt tokens) and the spread of requests over workers (max ÷ mean).
+hit rate (cached / prompt tokens) and the spread of requests over workers (max ÷ mean; and
+of prompt tokens, ``prompt_token_spread_max_over_mean``: the prefill work behind them).
 
 ``--json OUT`` writes every row plus ``summary``: per trace × load (``"mooncake@4x"``),
 ``pdplane_vs_best_baseline`` = pdplane goodput ÷ the best baseline's (over the fleet sizes
@@ -72,7 +78,18 @@ TRACES = {
     "azure-conv": ("azure2023_conv.csv", "chat-low-concurrency"),
     "azure-code": ("azure2023_code.csv", "prefill-heavy-3k-50"),
 }
-ROUTERS = ("pdplane", *BASELINES)
+# "pdplane" is told each request's real answer length (an oracle: it books the exact stall
+# weight); HONEST is what a real gateway knows — no max_tokens, weights learned from the
+# answers that finished (gateway.answer_lengths) — and is run by default beside it.
+HONEST = "pdplane-out128-learn"
+ROUTERS = ("pdplane", HONEST, *BASELINES)
+HEADLINE = {
+    "router": "pdplane",
+    "answer_lengths": "each request's real answer length (an oracle a gateway does not have)",
+    "honest_router": HONEST,
+    "honest_answer_lengths": "none (no max_tokens): stall weights learned from finished "
+                             "answers' lengths and durations, as the gateway learns them",
+}
 # "pdplane-unbounded": prefix affinity without the load bound (the fixed 64-request
 # imbalance guard only, as before issue 18).
 # "pdplane-events": plus the precise prefix index fed with the engines' KV events.
@@ -170,6 +187,12 @@ def run_cell(args: tuple) -> dict:
     cached = sum(r.cached_tokens for r in rows)
     per_worker = Counter(r.decode_engine for r in rows if r.decode_engine)
     counts = [per_worker.get(m.engine_id, 0) for m in fleet.order]
+    # The same spread in prompt tokens (prefill work), beside the count of requests.
+    work = Counter()
+    for r in rows:
+        if r.decode_engine:
+            work[r.decode_engine] += r.prompt_tokens
+    tokens = [work.get(m.engine_id, 0) for m in fleet.order]
     mean = sum(counts) / len(counts)
     # Workers above the spread limit: their share of the requests and of the SLO misses (a
     # pile-up, as issue 18 found, takes more of the misses than of the requests).
@@ -183,6 +206,8 @@ def run_cell(args: tuple) -> dict:
         "itl_p95_ms": round(percentile(itls, 95) or 0.0, 2),
         "hit_rate": round(cached / prompt, 4) if prompt else 0.0,
         "spread_max_over_mean": round(max(counts) / mean, 3) if mean else 0.0,
+        "prompt_token_spread_max_over_mean": round(
+            max(tokens) * len(tokens) / sum(tokens), 3) if sum(tokens) else 0.0,
         "over_spread_limit_request_share": round(
             sum(per_worker[w] for w in over) / max(len(rows), 1), 4),
         "over_spread_limit_miss_share": round(
@@ -220,6 +245,14 @@ def summarize_rows(rows: list[dict]) -> dict:
             cell["spread_goal_met"] = cell["pdplane_spread"] <= SPREAD_LIMIT or paid
             if "pdplane-before" in group:
                 cell["pdplane_before_vs_best_baseline"] = round(ratio(group["pdplane-before"]), 4)
+            if HONEST in group:  # the same judgement for what a real gateway knows
+                honest = group[HONEST]
+                cell["honest_vs_best_baseline"] = round(ratio(honest), 4)
+                cell["honest_hit_rate"] = honest["hit_rate"]
+                cell["honest_spread"] = honest["spread_max_over_mean"]
+                cell["honest_spread_goal_met"] = honest["spread_max_over_mean"] <= SPREAD_LIMIT \
+                    or (honest["hit_rate"] > cell["best_baseline_hit_rate"]
+                        and cell["honest_vs_best_baseline"] >= 1.0)
             by_size[engines] = cell
         if by_size:
             cells = list(by_size.values())
@@ -231,6 +264,13 @@ def summarize_rows(rows: list[dict]) -> dict:
                 "spread_goal_met": all(c["spread_goal_met"] for c in cells),
                 "by_engines": by_size,
             }
+            if all("honest_vs_best_baseline" in c for c in cells):
+                summary[f"{trace}@{load:g}x"].update({
+                    "honest_vs_best_baseline": min(c["honest_vs_best_baseline"] for c in cells),
+                    "honest_hit_rate_minus_best_baseline": round(min(
+                        c["honest_hit_rate"] - c["best_baseline_hit_rate"] for c in cells), 4),
+                    "honest_spread_goal_met": all(c["honest_spread_goal_met"] for c in cells),
+                })
     return summary
 
 
@@ -275,12 +315,17 @@ def main() -> None:
               f"{r['hit_rate']:.1%} | {r['spread_max_over_mean']:.2f} | {r['failed']} |")
     summary = summarize_rows(rows)
     for cell, s in summary.items():
+        honest = ""
+        if "honest_vs_best_baseline" in s:
+            honest = (f"; {HONEST} {s['honest_vs_best_baseline']:.3f} (spread goal "
+                      f"{'met' if s['honest_spread_goal_met'] else 'not met'})")
         print(f"{cell}: pdplane/best baseline {s['pdplane_vs_best_baseline']:.3f}, hit rate "
               f"{s['hit_rate_minus_best_baseline']:+.1%} vs the best baseline's, spread "
               f"{s['pdplane_max_spread']:.2f} (spread goal "
-              f"{'met' if s['spread_goal_met'] else 'not met'})")
+              f"{'met' if s['spread_goal_met'] else 'not met'}){honest}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "summary": summary}, indent=1))
+        Path(args.json).write_text(json.dumps(
+            {"headline": HEADLINE, "rows": rows, "summary": summary}, indent=1))
 
 
 if __name__ == "__main__":

@@ -93,7 +93,7 @@ class PrefixKnowledge:
         """:meth:`_prompt_view` once the token ids (if any) are known: ``tokens`` (the
         prompt's length), ``cached`` (worker → tokens of it believed held, at most
         ``tokens``), ``hashes`` (its chunk hashes, computed once: matched here, recorded at
-        dispatch), ``chars``."""
+        dispatch), ``chars``, ``sent`` (``now``)."""
         estimator = self.estimators.get(model.name)
         if estimator is None:
             estimator = self.estimators[model.name] = TokenEstimator()
@@ -121,7 +121,10 @@ class PrefixKnowledge:
                 held = held if held < tokens else tokens
                 if held > cached.get(w, 0):
                     cached[w] = held
-        return {"tokens": tokens, "cached": cached, "hashes": hashes, "chars": len(text)}
+        # "sent": when the request came in (monotonic), so that its answer's duration can
+        # teach AnswerLengths which answers stay in flight (gateway/answer_lengths.py).
+        return {"tokens": tokens, "cached": cached, "hashes": hashes, "chars": len(text),
+                "sent": now}
 
     async def _tokenize(self, model: ModelRoute, body: dict, chat: bool) -> list[int] | None:
         worker = next((w for w in model.workers if w.active), None)
@@ -178,7 +181,13 @@ class PrefixKnowledge:
         weigh, :class:`gateway.answer_lengths.AnswerLengths`) and the prompt's tokens."""
         completion = _usage_count(payload, _COMPLETION_TOKENS_KEY)
         if completion is not None:
-            self.answer_lengths.observe(model.name, prompt["tokens"], completion)
+            sent = prompt.get("sent")
+            if sent is None:
+                self.answer_lengths.observe(model.name, prompt["tokens"], completion)
+            else:
+                now = time.monotonic()
+                self.answer_lengths.observe(model.name, prompt["tokens"], completion,
+                                            now - sent, now)
         self._learn_tokens(model, prompt, payload)
 
     def _learn_tokens(self, model, prompt, payload: bytes, answer=None) -> None:

@@ -54,6 +54,10 @@ async def _scenario(booked, stream):
         # Learned 2-token answers: every stall counts in full, whatever max_tokens says.
         assert booked[-1] == pytest.approx(1.0)
         assert booked[-1] > 10 * booked[0]
+        # Each answer is learned with its time since the request came in (the weight of a
+        # request found in flight, gateway/answer_lengths.py).
+        learned = gateway.answer_lengths._hists[(MODEL, -1)]
+        assert learned.timed == learned.total > 0
         # Without the usage chunk a stream teaches nothing (content chunks are not tokens).
         if stream:
             learned = gateway.answer_lengths._hists[(MODEL, -1)].total

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.answer_lengths import DEFAULT_OUTPUT_TOKENS, AnswerLengths
+from gateway.answer_lengths import DEFAULT_OUTPUT_TOKENS, IPW_CAP, AnswerLengths
 from gateway.prefix_index import ApproxPrefixIndex, text_chunk_hashes
 from gateway.router import LoadReservation, RoutePlan, WorkerLoad, stall_weight
 
@@ -82,6 +82,55 @@ def test_the_weight_is_a_fraction_between_the_extremes_of_what_was_seen(answers,
     assert w <= min(1.0, 2 * max(stall_weight(n, ratio) for n in cut)) + 1e-9
     if cap:  # a tighter bound never lowers the weight
         assert lengths.weight("m", prompt, max(cap // 2, 1), ratio) >= w - 1e-9
+
+
+def test_with_durations_the_weight_is_that_of_a_request_found_in_flight():
+    """Long answers stay in flight longer: the requests the cost adds up are mostly them."""
+    lengths = AnswerLengths(min_samples=1)
+    # Steady state: the learner's traffic started 10^6 s ago (another model's answer).
+    lengths.observe("other", 1000, 10, duration_s=1e6, now=1e6)
+    for _ in range(50):
+        lengths.observe("m", 1000, 10, duration_s=1.0, now=1e6)  # weight 1, 1 s in flight
+        lengths.observe("m", 1000, 1000, duration_s=100.0, now=1e6)  # 0.02, 100 s
+    # Per request 0.51; per request found in flight (1 × 1 + 0.02 × 100) / 101.
+    assert lengths.weight("m", 1000, None, RATIO) == pytest.approx(3 / 101, rel=0.01)
+    # Without durations: the mean over the answers, as before.
+    plain = AnswerLengths(min_samples=1)
+    for _ in range(50):
+        plain.observe("m", 1000, 10)
+        plain.observe("m", 1000, 1000)
+    assert plain.weight("m", 1000, None, RATIO) == pytest.approx(0.51, abs=0.01)
+
+
+def test_a_young_learner_counts_up_the_answers_that_take_long():
+    """Survivorship: at the start, the long answers dispatched with the short ones have not
+    finished yet; each finished one stands for span / (span - duration) of its kind."""
+    lengths = AnswerLengths(min_samples=1)
+    lengths.observe("m", 100, 10, duration_s=1.0, now=1.0)  # the first: counts once (t0 = 0)
+    lengths.observe("m", 100, 10, duration_s=1.0, now=10.0)  # counts 10 / 9
+    lengths.observe("m", 100, 1000, duration_s=8.0, now=10.0)  # counts 10 / 2 = 5
+    lengths.observe("m", 100, 1000, duration_s=9.99, now=10.0)  # capped at IPW_CAP
+    hist = lengths._hists[("m", -1)]
+    counts = [c / hist.scale for c in hist.count if c > 0]
+    decay = lengths.decay
+    assert counts[0] == pytest.approx(decay ** 3 + 10 / 9 * decay ** 2, rel=1e-6)
+    assert counts[1] == pytest.approx(5 * decay + IPW_CAP, rel=1e-6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(answers=st.lists(st.tuples(st.integers(1, 100_000), st.floats(0.0, 1000.0)),
+                        min_size=1, max_size=60),
+       cap=st.one_of(st.none(), st.integers(1, 100_000)), ratio=st.floats(0.01, 1000))
+def test_with_durations_the_weight_stays_between_the_extremes(answers, cap, ratio):
+    lengths = AnswerLengths(min_samples=1)
+    for n, d in answers:
+        lengths.observe("m", 500, n, duration_s=d, now=1e6)  # counted up or not: any count
+    w = lengths.weight("m", 500, cap, ratio)
+    cut = [min(n, cap) if cap else n for n, _ in answers]
+    assert 0.0 <= w <= 1.0
+    if any(d > 0 for _, d in answers):  # a weighted mean of the (bucketed) weights
+        assert min(stall_weight(n, ratio) for n in cut) / 2 - 1e-9 <= w
+        assert w <= min(1.0, 2 * max(stall_weight(n, ratio) for n in cut)) + 1e-9
 
 
 def test_a_reservation_books_a_given_weight_and_releases_it():

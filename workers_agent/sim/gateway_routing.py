@@ -12,7 +12,7 @@
   (no ``max_tokens``: the gateway's default length N for every request), ``"scale:K"``
   (``max_tokens`` = K × the real length, taken as the length) — and with a ``learn-``
   prefix (``"learn"``: no ``max_tokens``; ``"learn-scale:K"``) the stall weight is the
-  expected one from the answer lengths learned from finished requests
+  expected one from the answer lengths learned from finished requests and their durations
   (``gateway.answer_lengths.AnswerLengths``), as the gateway learns them from usage.
 - Prefix knowledge is the gateway's ``ApproxPrefixIndex``, learning from its own decisions
   (block hashes stand in for the gateway's text-chunk hashes; per-worker capacity as the
@@ -73,8 +73,9 @@ class GatewayRouter:
             raise ValueError(f"answers: unknown {answers!r}")
         self._told = (kind, float(value or 0))
         self.answer_lengths = AnswerLengths()
-        # request id -> (prompt, real answer length: its usage at the end)
-        self._answer_of: dict[str, tuple[int, int]] = {}
+        # request id -> (prompt, real answer length: its usage at the end, dispatch time)
+        self._answer_of: dict[str, tuple[int, int, float]] = {}
+        self._clock = None  # the fleet routed last (its clock times the answers)
         # Per-worker KV capacity the table states, when not the builder's estimate from GPU
         # memory (an engine started with a fixed --num-gpu-blocks).
         self.kv_tokens = kv_tokens
@@ -123,7 +124,7 @@ class GatewayRouter:
         except NoWorkerError:
             return None
         self.decisions[plan.reason] += 1
-        output, weight = self._answer(model, req)
+        output, weight = self._answer(model, req, fleet)
         self._reservations[req.request_id] = LoadReservation(
             self.loads, plan, req.prompt_tokens, output, bs, weight)
         # Remembered at dispatch (requests sharing the prefix that arrive while this one
@@ -134,7 +135,7 @@ class GatewayRouter:
         prefill = self._engine_of[plan.prefill] if plan.prefill else None
         return Route(self._engine_of[plan.decode], prefill)
 
-    def _answer(self, model: ModelRoute, req: RoutingRequest) -> tuple[int, float | None]:
+    def _answer(self, model: ModelRoute, req: RoutingRequest, fleet) -> tuple[int, float | None]:
         """(output tokens the gateway books, the stall weight when learned) for a request."""
         kind, value = self._told
         if kind == "true":
@@ -143,7 +144,8 @@ class GatewayRouter:
         output = max_tokens or int(value) or DEFAULT_OUTPUT_TOKENS
         if not self.learn:
             return output, None
-        self._answer_of[req.request_id] = (req.prompt_tokens, req.output_tokens)
+        self._clock = fleet
+        self._answer_of[req.request_id] = (req.prompt_tokens, req.output_tokens, fleet.now)
         return output, self.answer_lengths.weight(model.name, req.prompt_tokens, max_tokens,
                                                   model.ttft_itl_ratio)
 
@@ -158,7 +160,10 @@ class GatewayRouter:
             reservation.release()
         answer = self._answer_of.pop(request_id, None)
         if answer is not None and self.model is not None:
-            self.answer_lengths.observe(self.model.name, *answer)
+            # As the gateway learns: the usage's length, and the time since dispatch.
+            prompt, length, sent = answer
+            now = self._clock.now
+            self.answer_lengths.observe(self.model.name, prompt, length, now - sent, now)
 
     def kv_events(self, engine_id: str, events: list[dict], now: float) -> None:
         if self.precise is not None:
