@@ -16,6 +16,7 @@ import django_filters
 from django import forms
 from django.core.exceptions import FieldDoesNotExist, ValidationError
 from django.db import models
+from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from rest_framework import exceptions
 from rest_framework.filters import BaseFilterBackend
@@ -62,6 +63,11 @@ def _parse(field, raw: str):
         value = parse_datetime(raw)
         if value is None:
             raise ValueError("expected an ISO 8601 date-time")
+        # A time without an offset ("2026-01-01T00:00", what a datetime-local input sends)
+        # means the server's time zone, as Django's own form fields read it; comparing a
+        # naive value with aware rows would only warn and guess.
+        if timezone.is_naive(value):
+            value = timezone.make_aware(value)
         return value
     if isinstance(field, models.ForeignKey):
         field = field.target_field
