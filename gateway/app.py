@@ -275,7 +275,7 @@ class Gateway(AdminAPI, PrefixKnowledge, RequestDriver):
                                 counted=counted)
             try:
                 response = await self._execute(request, model, plan, body, raw, endpoint,
-                                               chat, request_id, prompt, started, why)
+                                               chat, request_id, prompt, started, why, counted)
             except UpstreamFailure as exc:
                 counted.errors["upstream"].inc()
                 log.warning("request %s: %s", request_id, exc)

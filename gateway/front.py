@@ -79,6 +79,7 @@ class _Conn(asyncio.Protocol):
         self.queue: deque[Request] = deque()
         self.parsing: Request | None = None  # the request whose bytes are arriving
         self.url = b""
+        self.add_header = None  # the parsing request's headers.setdefault
         # One task per connection answers its requests in order, then waits for the next
         # (``idle``) while the connection is kept: a task per request cost its creation
         # and the loop's task registry every time.
@@ -153,6 +154,7 @@ class _Conn(asyncio.Protocol):
         req = self.parsing = Request(self)
         req.method = ""  # "" until the head is complete
         self.url = b""
+        self.add_header = req.headers.setdefault  # the first of repeated headers wins
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -165,7 +167,7 @@ class _Conn(asyncio.Protocol):
                 if len(_NAMES) >= CACHE_LIMIT:
                     _NAMES.clear()
                 _NAMES[name] = key
-        dict.setdefault(self.parsing.headers, key, value.decode("latin-1"))
+        self.add_header(key, value.decode("latin-1"))
 
     def on_headers_complete(self) -> None:
         req, parser = self.parsing, self.parser

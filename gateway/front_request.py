@@ -20,6 +20,7 @@ from .exchange import Reply
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
 _STATUS_LINES: dict[int, str] = {}
 _DATE = [""]
+_LINE = "%s: %s\r\n".__mod__  # (name, value) -> a header line, in C: no loop in Python
 
 
 class Refused(Exception):
@@ -176,20 +177,19 @@ class Request:
     def _head(self, status: int, headers: dict[str, str], length: int | None) -> bytes:
         if not self.complete:  # answered before its whole body came: no reuse after it
             self.keep_alive = False
-        parts = [status_line(status), _DATE[0]]
-        parts += [f"{k}: {v}\r\n" for k, v in headers.items()]
         if length is not None:
-            parts.append(f"Content-Length: {length}\r\n")
+            framing = f"Content-Length: {length}\r\n"
         elif self.version != "1.0":
-            parts.append("Transfer-Encoding: chunked\r\n")
+            framing = "Transfer-Encoding: chunked\r\n"
         else:
+            framing = ""
             self.keep_alive = False  # an HTTP/1.0 stream ends with the connection
         if not self.keep_alive:
-            parts.append("Connection: close\r\n")
+            framing += "Connection: close\r\n"
         elif self.version == "1.0":
-            parts.append("Connection: keep-alive\r\n")
-        parts.append("\r\n")
-        head = "".join(parts)
+            framing += "Connection: keep-alive\r\n"
+        lines = "".join(map(_LINE, headers.items()))
+        head = f"{status_line(status)}{_DATE[0]}{lines}{framing}\r\n"
         self.started, self.status = True, status
         try:
             return head.encode("latin-1")

@@ -77,8 +77,10 @@ class RequestDriver:
     (:class:`gateway.prefix_knowledge.PrefixKnowledge`)."""
 
     async def _execute(self, request, model: ModelRoute, plan, body, raw, endpoint, chat,
-                       request_id, prompt, started, why: str = ""):
-        counted = self.metrics.model(model.name)
+                       request_id, prompt, started, why: str = "", counted=None):
+        """``counted``: the model's metrics (:meth:`GatewayMetrics.model`), if at hand."""
+        if counted is None:
+            counted = self.metrics.model(model.name)
         bs = model.block_size
         max_out = body.get("max_tokens") or body.get("max_completion_tokens")
         if not (isinstance(max_out, int) and max_out > 0):

@@ -43,6 +43,7 @@ HIGH_WATER = 1 << 20  # buffered answer bytes before the worker's socket is paus
 IDLE_KEEP_S = 30.0  # a kept connection idle longer than this is closed, not reused
 MAX_IDLE_PER_HOST = 256
 _FRAMING = (b"content-length", b"transfer-encoding")  # an answer without: ends at close
+_LINE = "%s: %s\r\n".__mod__  # (name, value) -> a header line, in C: no loop in Python
 DEADLINE_TICKS = 1024  # a total fires at most total / DEADLINE_TICKS late ...
 DEADLINE_TICK_S = 1 / 64  # ... or this, whichever is longer
 
@@ -136,7 +137,7 @@ class _Connection(asyncio.Protocol):
         self.pool._forget(self)
         response = self.response
         if response is not None and not response.complete:
-            if response.status == 0 or not response._until_close:
+            if response.status == 0 or not response._until_close():
                 response._fail(UpstreamHTTPError(
                     "connection closed by the worker" + (f": {exc!r}" if exc else "")))
             else:  # an answer delimited by the connection's end: this is its end
@@ -150,10 +151,7 @@ class _Connection(asyncio.Protocol):
 
     # -- httptools callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
-        response = self.response
-        response._raw_headers.append((name, value))
-        if len(name) in (14, 17) and name.lower() in _FRAMING:
-            response._until_close = False
+        self.response._raw_headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         response = self.response
@@ -216,7 +214,6 @@ class UpstreamResponse:
         "_keep_alive",
         "_raw_headers",
         "_released",
-        "_until_close",
         "_waiter",
         "complete",
         "status",
@@ -231,7 +228,6 @@ class UpstreamResponse:
         self.complete = False
         self._error: BaseException | None = None
         self._waiter: asyncio.Future | None = None
-        self._until_close = True  # until a Content-Length or Transfer-Encoding says otherwise
         self._keep_alive = False
         self._bucket: set | None = None  # the deadline tick it waits in (UpstreamPool._arm)
         self._released = False
@@ -316,6 +312,11 @@ class UpstreamResponse:
 
     close = release  # an unfinished answer closes its connection either way
 
+    def _until_close(self) -> bool:
+        """Is the body delimited by the connection's end (no Content-Length, no
+        Transfer-Encoding)? Asked only when the connection ends, so not per header."""
+        return not any(len(n) in (14, 17) and n.lower() in _FRAMING for n, _ in self._raw_headers)
+
     # -- driven by the connection
     async def _wait(self) -> None:
         waiter = self._waiter = self._conn.loop.create_future()
@@ -366,7 +367,7 @@ class UpstreamPool:
                    timeouts: Timeouts) -> UpstreamResponse:
         """POST ``body`` and return once the answer's status line and headers are in.
         Raises ``UpstreamHTTPError`` or ``TimeoutError``."""
-        lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
+        lines = "".join(map(_LINE, headers.items()))
         if lines.count("\n") != len(headers) or lines.count("\r") != len(headers):
             for name, value in headers.items():
                 if "\r" in value or "\n" in value:
