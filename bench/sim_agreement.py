@@ -34,9 +34,12 @@ def virtual_run(args, workload) -> dict:
     engines = uniform_fleet(args.engines, gb.MODEL, "H200", gpus_per_node=1,
                             nvlink_group_size=None, block_size=16,
                             num_gpu_blocks=args.num_gpu_blocks or None)
-    # The policy's SLO targets, whose ratio the real-time gateway's table carries too.
+    # The policy's SLO targets, whose ratio the real-time gateway's table carries too. Answer
+    # lengths as the gateway knows them: the player sends max_tokens = the answer's length,
+    # and the gateway books the weight learned from finished answers under that bound.
     router = GatewayRouter(policy={"ttft_p95_ms": args.slo_ttft_ms, "itl_p95_ms": args.slo_itl_ms},
-                           kv_tokens=args.num_gpu_blocks * 16 if args.num_gpu_blocks else None)
+                           kv_tokens=args.num_gpu_blocks * 16 if args.num_gpu_blocks else None,
+                           answers="learn-scale:1")
     fleet = VirtualFleet(engines, LinkModel(nic=links.nic(400, rdma=True)), router=router)
     result = fleet.run(workload)
     ttfts = [r.ttft * 1000 for r in result.results if r.ttft is not None]
