@@ -186,6 +186,7 @@ class ProductLoop:
         self.changed_at: dict[str, float] = {}
         self.peak = 0.0
         self.memory = None
+        self.regime = None  # the load regime the planner remembers (record.regime)
         self.book = CalibrationBook({})
         self.smooth = LoadSmoother()
         # False: each window's load as derived, as the live path (controlplane.planner.inputs)
@@ -272,9 +273,11 @@ class ProductLoop:
             sm = load
         bucket, cal = self.book.factors_for(dl.isl_mean, dl.osl_mean)
         inp = ModelInput(1, self.model, shape(self.cluster), tuple(workers), load, self.policy,
-                         self.links, cal.apply(DEFAULT_PARAMS), memory=self.memory)
+                         self.links, cal.apply(DEFAULT_PARAMS), memory=self.memory,
+                         regime=self.regime)
         d = plan_model(inp, now)
         self.memory = d.memory or self.memory
+        self.regime = d.record.regime if d.record else self.regime
         if d.current_now is not None and not d.current_now.overloaded:
             # As the live path (service._calibrate): ITL on the mean token gap.
             itl_mean = self.itl_mean_ms

@@ -178,6 +178,8 @@ def _verdict(d, obs, gv, sv, ch) -> str:
                 why = f"roll back: the load moved {gv.load_shift:.0%} since the move; " + why
             elif gv is not None and gv.detail:
                 why += f"; {gv.detail}"
+        if gv is not None and gv.price is not None:
+            why += "; " + explain_price(gv.price)
         out = f"→ move toward {tgt.layout if tgt else '?'} ({why}): {moves}."
         if sv is not None and sv.overload:
             out += " " + explain_overload(sv.overload, sv.overload.get("share", 0.0))
@@ -206,8 +208,30 @@ def _verdict(d, obs, gv, sv, ch) -> str:
         "dwell": f"→ stay {here}: no return within the dwell window — " + (
             gv.detail if gv else ""),
         "move-held": f"→ hold {here} mid-move: " + (gv.detail if gv else ""),
+        "move-does-not-pay": f"→ hold {here}: " + (
+            explain_price(gv.price, tgt.layout if tgt else "the move")
+            if gv and gv.price else "the move does not pay"),
     }
     return verdict.get(d.reason, f"→ {d.action} ({d.reason})") + "."
+
+
+def explain_price(p, target: str = "") -> str:
+    """A move priced against the load regime's expected dwell (record.MovePrice)."""
+    gain = (f"the gain{f' of {target}' if target else ''} ({rate(p.gain_rps)} for "
+            f"~{p.dwell_s:,.0f} s expected: {p.dwell_basis})")
+    after = (f"; after it, {p.after_gain_rps:+,.2f} req/s against holding for ~"
+             f"{p.after_s:,.0f} s over {p.after_basis}: {p.after_req:+,.1f}"
+             if p.regimes else "")
+    cost = (f"the move's cost ({p.changes} worker(s) into or out of prefill in {p.steps} "
+            f"step(s), {p.drain_s:,.0f} s to drain: {p.cost_req:,.1f} requests' worth of "
+            f"capacity; {p.earned_req:,.1f} gained once in place{after})")
+    if p.pays and p.waived:
+        return (f"not priced against the expected dwell (~{p.dwell_s:,.0f} s): the layout as "
+                "it is measures far past a target, so its predicted goodput, and the gain, "
+                "is contradicted by what it does")
+    if p.pays:
+        return f"it pays: {gain} exceeds {cost}"
+    return f"{gain} does not pay {cost}"
 
 
 def explain_overload(o: dict, share: float) -> str:

@@ -21,7 +21,7 @@ from .derive import PEAK_DECAY, _num, carry_mix, derive_load, worst_p95
 from .models import OPEN_STATUSES, ModelPlannerState, Plan
 from .placement import NicInput, NodeLinks, WorkerInput
 from .planner import LoadInput, ModelInput
-from .record import MoveMemory
+from .record import MoveMemory, Regime
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +200,7 @@ def gather_cluster(cluster: Cluster) -> ClusterInputs:
             workers=tuple(winputs), load=load, policy=policy, node_links=links,
             params=cal.apply(DEFAULT_PARAMS), change_in_progress=sm.pk in open_models,
             memory=MoveMemory.from_dict(state.move_memory), notes=notes,
+            regime=Regime.from_dict((state.last_record or {}).get("regime")),
         ))
     return ClusterInputs(models, len(nodes), len(stale_nodes), measured, states, snap["at"])
 

@@ -31,6 +31,7 @@ from . import explain
 from .costmodel import (
     Prediction,
 )
+from .dwell import track_regime
 from .placement import Topology, WorkerInput
 from .plantypes import (  # noqa: F401 - re-exported: callers import them from here
     DEFAULT_SETTINGS,
@@ -154,7 +155,10 @@ def plan_model(
     workers = list(inp.workers)
     obs = observe(inp, now, settings)
     w_plan = workload_for(inp.load, pol, obs.plan_rate_rps)
-    rec = DecisionRecord(RECORD_VERSION, name, "", "", obs, memory=inp.memory)
+    # The load regime after this cycle's load (dwell.track_regime): how long the load has
+    # been as it is, which prices a move (gate) and is remembered for the next cycle.
+    regime = track_regime(inp.regime, inp.load, now, turn_back_margin(pol, settings))
+    rec = DecisionRecord(RECORD_VERSION, name, "", "", obs, memory=inp.memory, regime=regime)
     notes: list[str] = list(inp.notes)
 
     def decision(action, reason, **kw) -> ModelDecision:
@@ -188,7 +192,7 @@ def plan_model(
     topo = Topology(workers, inp.node_links)
     cv = rec.candidates = predict_candidates(inp, obs, topo, settings)
     ch = rec.choice = choose(inp, obs, cv)
-    gv, target_p = gate(inp, obs, cv, ch, now, settings, topo)
+    gv, target_p = gate(inp, obs, cv, ch, now, settings, topo, regime)
     if obs.move is not None and not gv.move_verdict:
         # A move under way is re-decided every cycle: finish, hold or roll back (or, when
         # the load moved past the margin, head somewhere new).
@@ -216,7 +220,8 @@ def plan_model(
         # Holding still finishes the labels of the layout as it is (a 'both' left beside a
         # split starves the prefill pool; a 'decode' when aggregated never prefills) when
         # the clean layout is predicted at least as good as the one as it is.
-        if gv.reason in ("current-is-best", "within-hysteresis", "dwell", "move-held"):
+        if gv.reason in ("current-is-best", "within-hysteresis", "dwell", "move-held",
+                         "move-does-not-pay"):
             relabel = _relabels(inp, obs, now)
             clean = cv.at_plan.get(cur_p)
             clean_now = next((c for c in cv.candidates if c.n_prefill == cur_p), None)
@@ -349,7 +354,7 @@ def plan_cluster(
         models = []
         for inp in inputs:
             rec = DecisionRecord(RECORD_VERSION, inp.model.name, "hold", "fail-static", None,
-                                 memory=inp.memory)
+                                 memory=inp.memory, regime=inp.regime)
             d = ModelDecision(
                 served_model_id=inp.served_model_id, model=inp.model.name, action="hold",
                 reason="fail-static", current=None, target=None, step=None, current_now=None,

@@ -12,7 +12,7 @@ from controlplane.policies.effective import DEFAULT_POLICY, EffectivePolicy
 
 from .costmodel import DEFAULT_PARAMS, CostParams, ModelSpec, Prediction, WorkerShape, Workload
 from .placement import NodeLinks, WorkerInput
-from .record import DecisionRecord, MoveMemory
+from .record import DecisionRecord, MoveMemory, Regime
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,9 @@ class ModelInput:
     params: CostParams = DEFAULT_PARAMS
     change_in_progress: bool = False
     memory: MoveMemory | None = None  # the last move, from the previous cycles' records
+    # The load regime as of the previous cycle (its record's ``regime``); None: moves are
+    # not priced this cycle (no age or cycle period known yet).
+    regime: Regime | None = None
     notes: tuple[str, ...] = ()  # facts the glue wants in the record (e.g. calibration)
 
 

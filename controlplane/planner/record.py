@@ -87,6 +87,82 @@ class MoveMemory:
             return None
 
 
+REGIME_LOAD = ("rate_rps", "isl_mean", "osl_mean", "prefix_hit", "isl_p50", "isl_p95")
+
+
+@dataclass(frozen=True)
+class Regime:
+    """The load regime the planner is in (:mod:`.dwell`): since when (the start of the
+    window that first showed it), last seen when, its reference load (``REGIME_LOAD``:
+    rate, prompt mean, answer mean, prefix hit, prompt p50 and p95, 0 = unknown), over how
+    many cycles, and the past regimes, oldest first, as (seconds lasted, *their load*)."""
+
+    started_at: float
+    last_seen: float
+    load: tuple[float, ...]
+    cycles: int = 1
+    history: tuple[tuple[float, ...], ...] = ()  # a length < 0: censored (start not seen)
+    censored: bool = False  # began before the planner looked (the first one seen)
+
+    def as_dict(self) -> dict:
+        return {"started_at": _num(self.started_at), "last_seen": _num(self.last_seen),
+                "load": [_num(float(x)) for x in self.load], "cycles": self.cycles,
+                "history": [[_num(float(x)) for x in h] for h in self.history],
+                "censored": self.censored}
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> Regime | None:
+        """From a stored dict; None when absent or malformed (the next move is then not
+        priced: there is no basis for a dwell, as on the first cycle)."""
+        if not isinstance(data, dict):
+            return None
+        try:
+            n = len(REGIME_LOAD)
+            load = tuple(float(x) for x in data["load"])
+            hist = tuple(tuple(float(x) for x in h) for h in data.get("history") or ())
+            t0, t1 = float(data["started_at"]), float(data["last_seen"])
+            flat = (t0, t1, *load, *(x for h in hist for x in h))
+            if len(load) != n or any(len(h) != n + 1 for h in hist) or not all(
+                    math.isfinite(v) for v in flat):
+                return None
+            return cls(t0, t1, load, max(int(data.get("cycles", 1)), 1), hist,
+                       bool(data.get("censored", False)))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+@dataclass(frozen=True)
+class MovePrice:
+    """What a move would earn over the load regime's expected remaining dwell and what it
+    costs (:func:`.dwell.price_move`): it is started or continued only when it pays."""
+
+    gain_rps: float  # predicted goodput gain over holding, req/s
+    age_s: float  # how long the regime has lasted
+    dwell_s: float  # its expected remaining life
+    dwell_basis: str  # how that was estimated
+    delay_s: float  # until the whole gain is in place (drains, then one step per cycle)
+    drain_s: float
+    period_s: float  # the planning cycle's period
+    changes: int  # workers into or out of prefill
+    steps: int
+    earned_req: float  # requests gained over the expected dwell
+    cost_req: float  # requests' worth of capacity lost while workers drain
+    # After the regime ends the fleet serves what comes next in the new layout until the
+    # planner sees it and moves (``after_s``): the target's goodput minus holding's over
+    # what may come next (dwell.next_mix), times that.
+    after_s: float = 0.0
+    after_gain_rps: float = 0.0
+    after_req: float = 0.0
+    regimes: int = 0  # distinct loads that mix was taken over
+    after_basis: str = ""  # what followed past regimes like this one, or the past mix
+    pays: bool = False
+    waived: str = ""  # a measured breach: the time not priced (dwell.price_move)
+
+    @property
+    def value_req(self) -> float:
+        return self.earned_req + self.after_req - self.cost_req
+
+
 @dataclass(frozen=True)
 class Observation:
     """Step 1, observe: the load now and planned for, and the layout as it is."""
@@ -174,6 +250,7 @@ class GateVerdict:
     dwell_s: float = 0.0
     load_shift: float = 0.0
     forced: bool = False
+    price: MovePrice | None = None  # the move priced against the regime's expected dwell
 
 
 @dataclass(frozen=True)
@@ -202,6 +279,7 @@ class DecisionRecord:
     step: StepVerdict | None = None
     alert: str = ""  # non-empty: a condition an alert rule should raise (e.g. all-miss)
     memory: MoveMemory | None = None  # what the planner remembers after this cycle
+    regime: Regime | None = None  # the load regime after this cycle (dwell.track_regime)
 
     @property
     def label(self) -> str:
@@ -228,6 +306,7 @@ class DecisionRecord:
             "gate": _plain(asdict(self.gate)) if self.gate else None,
             "step": _plain(asdict(self.step)) if self.step else None,
             "memory": self.memory.as_dict() if self.memory else None,
+            "regime": self.regime.as_dict() if self.regime else None,
         }
         if obs:
             out["observe"]["layout_label"] = obs.layout.label()

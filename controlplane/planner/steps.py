@@ -14,6 +14,15 @@ from typing import TYPE_CHECKING
 from controlplane.policies.effective import EffectivePolicy
 
 from .costmodel import Prediction, Workload
+from .dwell import (  # noqa: F401 - re-exported
+    cooldown_waiver,
+    load_shift,
+    measured_breach,
+    next_mix,
+    pick_paying,
+    price_move,
+    turn_back_margin,
+)
 from .layouts import predict_aggregated, predict_split
 from .placement import Topology, WorkerInput
 from .pools import combine_pools
@@ -25,6 +34,7 @@ from .record import (
     MoveMemory,
     MoveProgress,
     Observation,
+    Regime,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -192,40 +202,6 @@ def _search(inp: ModelInput, w: Workload, settings: PlannerSettings, cur_p: int,
     return dict(sorted(evaluated.items()))
 
 
-def load_shift(memory: MoveMemory | None, load: LoadInput) -> float:
-    """Largest relative change of request rate, prompt or answer length since ``memory``."""
-    if memory is None:
-        return 0.0
-
-    def rel(now: float, then: float) -> float:
-        base = max(abs(then), 1e-9)
-        return abs(now - then) / base if then > 0 or now > 0 else 0.0
-
-    return max(rel(load.rate_rps, memory.rate_rps), rel(load.isl_mean, memory.isl_mean),
-               rel(load.osl_mean, memory.osl_mean))
-
-
-def turn_back_margin(pol: EffectivePolicy, settings: PlannerSettings) -> float:
-    """How far the load must move since the last move before the planner may turn back
-    (or waive a cooldown): the hysteresis, and at least settings.reverse_margin (a load
-    derived from windows of finished requests wanders by more than 10 % inside one phase)."""
-    return max(pol.hysteresis, settings.reverse_margin)
-
-
-def cooldown_waiver(inp: ModelInput, settings: PlannerSettings) -> tuple[float, float] | None:
-    """(the last move's decision time, the load shift since) when the load has moved past
-    the turn-back margin since that move, else None. The cooldown exists to keep noise from
-    reversing a move; a shift past the margin that already licenses turning back is a
-    change of phase, and a worker moved for the old load should not sit it out."""
-    mem = inp.memory
-    if mem is None or not settings.waive_cooldown_on_shift:
-        return None
-    shift = load_shift(mem, inp.load)
-    if shift > turn_back_margin(inp.policy, settings):
-        return mem.decided_at, shift
-    return None
-
-
 # --- Step 1: observe ----------------------------------------------------------------------
 
 
@@ -348,8 +324,12 @@ def _gains(new: Prediction, old: Prediction, rate: float, h: float) -> bool:
 
 
 def gate(inp: ModelInput, obs: Observation, cv: CandidateVerdict, ch: ChoiceVerdict | None,
-         now: float, settings: PlannerSettings, topo: Topology) -> tuple[GateVerdict, int]:
-    """(verdict, the prefill count it weighed: moved toward only when the verdict is go)."""
+         now: float, settings: PlannerSettings, topo: Topology,
+         regime: Regime | None = None) -> tuple[GateVerdict, int]:
+    """(verdict, the prefill count it weighed: moved toward only when the verdict is go).
+    A move that passes every rule is then priced against the regime's expected dwell
+    (``regime``: the load regime after this cycle; :mod:`.dwell`) and held if it does not
+    pay."""
     pol = inp.policy
     h = pol.hysteresis
     cur_p = obs.layout.prefill
@@ -407,7 +387,7 @@ def gate(inp: ModelInput, obs: Observation, cv: CandidateVerdict, ch: ChoiceVerd
     # token-gap p95 of 110 ms against 50 and was held "within the hysteresis" of aggregated
     # for a whole phase at a third of aggregated's goodput). The dwell rule and the margin
     # for turning back are unchanged: they guard against flaps, not noise.
-    breach = _measured_breach(inp, settings)
+    breach = measured_breach(inp, settings)
     if breach:
         h = 0.0
         base.update(hysteresis=0.0)
@@ -432,13 +412,69 @@ def gate(inp: ModelInput, obs: Observation, cv: CandidateVerdict, ch: ChoiceVerd
             tp, ref_plan, obs.plan_rate_rps, h)
         return not_worse, g_now, g_plan
 
+    mix, mix_basis = next_mix(regime, inp.load, margin) if inp.regime else ([], "")
+    mix_w = [(wt, workload_for(ld, pol, ld.rate_rps)) for wt, ld in mix]
+    ref_mix = None
+
+    def price(p: int):
+        nonlocal ref_mix
+        tn, tp = preds(p)
+        if mix_w and ref_mix is None:
+            ref_mix = [predict_layout(inp, st, w, topo) if ref_now is cv.hold_now
+                       else predict(inp, cur_p, w, topo) for _wt, w in mix_w]
+        gain = sum(wt * (predict(inp, p, w, topo).goodput_rps - r.goodput_rps)
+                   for (wt, w), r in zip(mix_w, ref_mix or [], strict=False))
+        return price_move(inp, regime, inp.regime, now, cur_p, p, tn, tp, ref_now, ref_plan,
+                          (gain, len(mix_w), mix_basis), breach)
+
+    def priced(gv: GateVerdict, p: int, others: bool = False) -> tuple[GateVerdict, int]:
+        """The move priced (dwell.price_move); with ``others`` (a fresh choice, no measured
+        breach) every layout the gate would also allow is priced and dwell.pick_paying
+        takes the one worth most over the dwell and after it."""
+        pr = price(p)
+        if pr is None:
+            return gv, p
+        best, best_p = pr, p
+        if others:
+            paying = [(pr, p)] if pr.pays else []
+            for c in cv.feasible:
+                q = c.n_prefill
+                # Not where the last move started while the dwell rule guards the way back.
+                back = (mem is not None and q == mem.origin_prefill and not moved
+                        and now - mem.decided_at < settings.dwell_s)
+                skip = q in (p, cur_p) or back
+                ok, g_n, g_p = worth(q) if not skip else (False, False, False)
+                if ok and (g_n or g_p) and (alt := price(q)).pays:
+                    paying.append((alt, q))
+            if paying:
+                best, best_p = pick_paying(paying, pol.hysteresis)
+        if best.pays:
+            if best_p != p:
+                g = worth(best_p)
+                why = (f"chosen over {ch.best_layout}, the best for this load alone: over the "
+                       f"expected dwell and after it worth {best.value_req:,.1f} requests "
+                       f"against {pr.value_req:,.1f} (or as much, within the hysteresis, "
+                       "moving fewer workers)")
+                gv = replace(gv, gain_now=g[1], gain_plan=g[2], target_score=score(best_p),
+                             detail="; ".join(x for x in (gv.detail, why) if x))
+            return replace(gv, price=best), best_p
+        return GateVerdict("hold", "move-does-not-pay", move_verdict="hold" if move else "",
+                           gain_now=gv.gain_now, gain_plan=gv.gain_plan,
+                           target_score=gv.target_score, price=pr, **base), p
+
     if move is not None and (ch.best_prefill == move.target_prefill or not moved):
         # A move under way, load as when it was decided: finish it unless its target is now
         # predicted worse than staying put; then hold (rolling back within the dwell window
         # would be A → B → A at constant load).
         target = move.target_prefill
         not_worse, g_now, g_plan = worth(target)
-        if not_worse:
+        if not_worse and target != cur_p:
+            return priced(GateVerdict(
+                "go", "continue-move", move_verdict="finish",
+                detail=f"{move.target_layout} is still predicted at least as good as "
+                       "staying put", gain_now=g_now, gain_plan=g_plan,
+                target_score=score(target), **base), target)
+        if not_worse:  # at the target's prefill count already: labels only, nothing to price
             return GateVerdict("go", "continue-move", move_verdict="finish",
                                detail=f"{move.target_layout} is still predicted at least as "
                                       "good as staying put", gain_now=g_now, gain_plan=g_plan,
@@ -469,26 +505,10 @@ def gate(inp: ModelInput, obs: Observation, cv: CandidateVerdict, ch: ChoiceVerd
         return GateVerdict("keep", "within-hysteresis", gain_now=g_now, gain_plan=g_plan,
                            target_score=t_score, move_verdict="hold" if move else "",
                            **base), target
-    return GateVerdict("go", "roll-back" if verdict == "roll-back" else "better-layout",
-                       gain_now=g_now, gain_plan=g_plan, target_score=t_score,
-                       move_verdict=verdict, detail=breach, **base), target
-
-
-def _measured_breach(inp: ModelInput, settings: PlannerSettings) -> str:
-    """'' unless a measured p95 (TTFT or ITL) is at least ``overload_latency_factor`` × its
-    target; then what was measured, for the record."""
-    k = settings.overload_latency_factor
-    if k <= 0:
-        return ""
-    load, pol = inp.load, inp.policy
-    for metric, measured, target in (("TTFT", load.measured_ttft_p95_ms, pol.ttft_p95_ms),
-                                     ("ITL", load.measured_itl_p95_ms, pol.itl_p95_ms)):
-        if (measured is not None and math.isfinite(measured) and target and target > 0
-                and measured >= k * target):
-            return (f"the layout as it is measures {metric} p95 {measured:,.0f} ms against "
-                    f"{target:,.0f} ms ({measured / target:.1f}×), so the hysteresis does "
-                    "not hold it")
-    return ""
+    return priced(GateVerdict("go", "roll-back" if verdict == "roll-back" else "better-layout",
+                              gain_now=g_now, gain_plan=g_plan, target_score=t_score,
+                              move_verdict=verdict, detail=breach, **base), target,
+                  others=not breach)
 
 
 def _origin(mem: MoveMemory | None) -> int:
