@@ -98,13 +98,16 @@ HEADLINE = {
 # Answer lengths as a gateway knows them ("pdplane" is told each request's real length):
 # "pdplane-out128" every request 128 tokens (clients send no max_tokens), "pdplane-out2x"
 # max_tokens = twice the real length taken as the length; "-learn" the same with the
-# stall weight expected from the answer lengths learned from finished requests.
+# stall weight expected from the answer lengths learned from finished requests;
+# "-stream" also re-books each answer's expected weight from its tokens streamed so far
+# (what a relay of streams could count; the gateway's relay does not yet).
 VARIANTS = {"pdplane": {}, "pdplane-unbounded": {"policy": {"affinity_load_factor": 0.0}},
             "pdplane-events": {"precise": True},
             "pdplane-before": {"routing": {"ttft_itl_ratio": 0.0}},
             "pdplane-out128": {"answers": "fixed:128"}, "pdplane-out2x": {"answers": "scale:2"},
             "pdplane-out128-learn": {"answers": "learn"},
-            "pdplane-out2x-learn": {"answers": "learn-scale:2"}}
+            "pdplane-out2x-learn": {"answers": "learn-scale:2"},
+            "pdplane-out128-learn-stream": {"answers": "learn-stream"}}
 NOMINAL_SHARE = 0.25  # of an engine's prefill capacity offered per engine at 1×
 # Latency-oriented chunked prefill (vLLM --max-num-batched-tokens): a 70B step with an
 # 8,192-token chunk takes ~1 s and stalls every decode on the engine.

@@ -96,6 +96,8 @@ class AnswerLengths:
         # (model, prompt class) -> lengths; class -1: every prompt of the model.
         self._hists: dict[tuple[str, int], _Histogram] = {}
         self._start: float | None = None  # earliest dispatch of an answer seen (``now``'s clock)
+        self.epoch = 0  # grows every ~1/64 of the memory's answers (see observe)
+        self._answers = self._epoch_at = 0
 
     def observe(self, model: str, prompt_tokens: int, completion_tokens: int,
                 duration_s: float | None = None, now: float | None = None) -> None:
@@ -121,6 +123,12 @@ class AnswerLengths:
             if hist is None:
                 hist = self._hists[key] = _Histogram()
             self._add(hist, completion_tokens, count, duration_s)
+        # Every ~1/64 of the memory's answers (each while few are seen): weights booked
+        # from the learned lengths are worth re-booking (weight_after's callers).
+        self._answers += 1
+        if (self._answers - self._epoch_at) * 64 >= min(self._answers, self.memory):
+            self.epoch += 1
+            self._epoch_at = self._answers
 
     def _add(self, hist: _Histogram, completion_tokens: int, count: float = 1.0,
              duration_s: float | None = None) -> None:
@@ -162,6 +170,34 @@ class AnswerLengths:
         value = self._expected(hist, cap, ttft_itl_ratio)
         hist.weights[key] = (hist.total, value)
         return value
+
+    def weight_after(self, model: str, prompt_tokens: int, max_tokens: int | None,
+                     ttft_itl_ratio: float, produced: int) -> float | None:
+        """The expected stall weight of a request in flight that has already produced
+        ``produced`` tokens (a stream's progress), ``E[weight | length > produced]`` over
+        the learned lengths (per request, so no in-flight correction: conditioning is it).
+        None before ``min_samples`` answers (keep the weight booked). Power-of-two buckets:
+        it changes only when ``produced`` crosses one, so a relay calls it ~log2(length)
+        times per answer."""
+        if ttft_itl_ratio <= 0:
+            return 1.0
+        hist = self._hists.get((model, _prompt_class(prompt_tokens)))
+        if hist is None or hist.total < self.min_samples:
+            hist = self._hists.get((model, -1))
+        if hist is None or hist.total < self.min_samples:
+            return None
+        floor = 1.0 / max_tokens if max_tokens and max_tokens > 0 else 0.0
+        weighted = seen = 0.0
+        for b, (count, inverse) in enumerate(zip(hist.count, hist.inverse, strict=True)):
+            # Buckets [2^b, 2^(b+1)) with room above ``produced`` (the answer goes on).
+            if count <= 0 or (2 << b) <= produced + 1:
+                continue
+            weighted += count * min(1.0, ttft_itl_ratio * max(inverse / count, floor))
+            seen += count
+        if seen > 0:
+            return weighted / seen
+        # Longer than every answer seen: at most the weight of what it has produced.
+        return min(1.0, ttft_itl_ratio * max(1.0 / max(produced, 1), floor))
 
     def _expected(self, hist: _Histogram, cap: int | None, ttft_itl_ratio: float) -> float:
         floor = 1.0 / cap if cap else 0.0  # an answer is cut at max_tokens

@@ -343,6 +343,15 @@ class LoadReservation:
         load.own_requests += 1
         load.stall_weight_sum += weight
 
+    def reweight(self, weight: float) -> None:
+        """A better estimate of the request's stall weight while it is in flight (e.g. from
+        a stream's progress: :meth:`gateway.answer_lengths.AnswerLengths.weight_after`)."""
+        if self.decode is not None:
+            load = self.loads[self.decode[0]]
+            total = load.stall_weight_sum + weight - self.weight
+            load.stall_weight_sum = total if total > 0.0 else 0.0
+        self.weight = weight
+
     def prefill_done(self) -> None:
         held = self.prefill
         if held is not None:

@@ -2,6 +2,7 @@
 that books them, and the approximate prefix index following eviction by capacity."""
 
 from collections import defaultdict
+from itertools import pairwise
 
 import pytest
 from hypothesis import given, settings
@@ -131,6 +132,77 @@ def test_with_durations_the_weight_stays_between_the_extremes(answers, cap, rati
     if any(d > 0 for _, d in answers):  # a weighted mean of the (bucketed) weights
         assert min(stall_weight(n, ratio) for n in cut) / 2 - 1e-9 <= w
         assert w <= min(1.0, 2 * max(stall_weight(n, ratio) for n in cut)) + 1e-9
+
+
+def test_a_streams_progress_conditions_the_weight_on_the_answer_going_on():
+    lengths = AnswerLengths(min_samples=4)
+    assert lengths.weight_after("m", 100, None, RATIO, 0) is None  # nothing learned yet
+    for _ in range(10):
+        lengths.observe("m", 100, 10)  # weight 1
+        lengths.observe("m", 100, 1000)  # weight 0.02
+    assert lengths.weight_after("m", 100, None, RATIO, 0) == pytest.approx(0.51, abs=0.01)
+    # Past 15 tokens only the long answers remain possible.
+    assert lengths.weight_after("m", 100, None, RATIO, 20) == pytest.approx(0.02, rel=0.01)
+    # Longer than anything seen: at most the weight of what it has produced.
+    assert lengths.weight_after("m", 100, None, RATIO, 5000) == pytest.approx(RATIO / 5000)
+    assert lengths.weight_after("m", 100, None, 0.0, 20) == 1.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(answers=st.lists(st.integers(1, 5000), min_size=1, max_size=40),
+       produced=st.lists(st.integers(0, 6000), min_size=2, max_size=6),
+       ratio=st.floats(0.01, 1000))
+def test_the_weight_after_progress_never_rises_as_tokens_stream(answers, produced, ratio):
+    """More tokens streamed rule out short answers (high weights) only."""
+    lengths = AnswerLengths(min_samples=1)
+    for n in answers:
+        lengths.observe("m", 100, n)
+    weights = [lengths.weight_after("m", 100, None, ratio, p) for p in sorted(produced)]
+    assert all(0.0 < w <= 1.0 for w in weights)
+    assert all(b <= a + 1e-9 for a, b in pairwise(weights))
+
+
+def test_reweight_moves_the_booked_weight_and_release_returns_the_new_one():
+    loads = defaultdict(WorkerLoad)
+    plan = RoutePlan("a", None, "kv_aware", ttft_itl_ratio=RATIO)
+    first = LoadReservation(loads, plan, 160, 400, 16, weight=0.5)
+    other = LoadReservation(loads, plan, 160, 400, 16, weight=0.25)
+    first.reweight(0.125)
+    assert loads["a"].stall_weight_sum == pytest.approx(0.375)
+    first.release()
+    assert loads["a"].stall_weight_sum == pytest.approx(0.25)
+    first.reweight(0.9)  # released: nothing booked any more
+    assert loads["a"].stall_weight_sum == pytest.approx(0.25)
+    other.release()
+    assert loads["a"].stall_weight_sum == 0 and loads["a"].own_requests == 0
+
+
+def test_sim_gateway_router_rebooks_streaming_answers_as_they_grow():
+    from workers_agent.sim.gateway_routing import GatewayRouter
+    from workers_agent.sim.virtual import VirtualFleet, uniform_fleet
+    from workers_agent.sim.workload import synthetic
+
+    with pytest.raises(ValueError):
+        GatewayRouter(answers="fixed:128-stream")
+    router = GatewayRouter({"ttft_p95_ms": 1000, "itl_p95_ms": 50}, answers="learn-stream")
+    rebooked = []
+    real = LoadReservation.reweight
+
+    def spy(self, weight):
+        rebooked.append(weight)
+        real(self, weight)
+
+    LoadReservation.reweight = spy
+    try:
+        workload = synthetic({"isl": 500, "osl": 200}, 80, 8.0, seed=1)
+        result = VirtualFleet(uniform_fleet(2, "llama-3.3-70b-fp8", "H200"),
+                              router=router).run(workload)
+    finally:
+        LoadReservation.reweight = real
+    assert all(r.error is None for r in result.results)
+    assert rebooked and all(0.0 < w <= 1.0 for w in rebooked)
+    assert not router._stream_bucket and not router._answer_of
+    assert all(load.stall_weight_sum == 0 for load in router.loads.values())
 
 
 def test_a_reservation_books_a_given_weight_and_releases_it():

@@ -66,7 +66,16 @@ class GatewayRouter:
         self._engine_of: dict[str, str] = {}  # table worker id -> engine id
         self._worker_of: dict[str, str] = {}  # engine id -> table worker id
         self._reservations: dict[str, LoadReservation] = {}
+        # "-stream": as a gateway relaying streams, follow each answer's tokens so far and
+        # re-book its expected weight as they grow (AnswerLengths.weight_after).
+        parts = answers.split("-")
+        self.stream = "stream" in parts
+        answers = "-".join(part for part in parts if part != "stream")
+        # request id -> (bit length of its tokens seen, learner epoch) when last re-booked
+        self._stream_bucket: dict[str, tuple[int, int]] = {}
         self.learn = answers.startswith("learn")
+        if self.stream and not self.learn:
+            raise ValueError("answers: -stream needs learn")
         told = answers.removeprefix("learn").lstrip("-") or "fixed:0"
         kind, _, value = told.partition(":")
         if kind not in ("true", "fixed", "scale"):
@@ -118,6 +127,8 @@ class GatewayRouter:
         inflow = None
         if model.cache_balance_band > 0 and model.temperature <= 0:
             inflow = {w.id: self.approx.inflow(w.id, now) for w in model.workers}
+        if self.stream and self._reservations:
+            self._follow_streams(model, fleet)
         try:
             plan = plan_request(model, req.prompt_tokens, cached, self.loads, self.rng,
                                 inflow=inflow)
@@ -146,8 +157,36 @@ class GatewayRouter:
             return output, None
         self._clock = fleet
         self._answer_of[req.request_id] = (req.prompt_tokens, req.output_tokens, fleet.now)
+        if self.stream:  # per request, re-booked as it streams: no in-flight correction
+            weight = self.answer_lengths.weight_after(model.name, req.prompt_tokens, max_tokens,
+                                                      model.ttft_itl_ratio, 0)
+            if weight is not None:
+                return output, weight
         return output, self.answer_lengths.weight(model.name, req.prompt_tokens, max_tokens,
                                                   model.ttft_itl_ratio)
+
+    def _follow_streams(self, model: ModelRoute, fleet) -> None:
+        """What a relay sees of each answer in flight: its tokens so far. Re-book a weight
+        when their count crosses a power of two (the learned buckets' edges)."""
+        produced = {seq.request_id: seq.num_output for member in fleet.members.values()
+                    for seq in member.engine.scheduler.running}
+        for request_id, reservation in self._reservations.items():
+            tokens = produced.get(request_id)
+            answer = self._answer_of.get(request_id)
+            if tokens is None or answer is None:
+                continue
+            # Re-booked when the count crosses a bucket edge or the learned answers have
+            # grown by ~1/64 of the memory since (the learner's cache period).
+            key = (tokens.bit_length(), self.answer_lengths.epoch)
+            if key == self._stream_bucket.get(request_id):
+                continue
+            self._stream_bucket[request_id] = key
+            kind, value = self._told
+            max_tokens = max(round(value * answer[1]), 1) if kind == "scale" else None
+            weight = self.answer_lengths.weight_after(model.name, answer[0], max_tokens,
+                                                      model.ttft_itl_ratio, tokens)
+            if weight is not None:
+                reservation.reweight(weight)
 
     def prefill_done(self, request_id: str) -> None:
         reservation = self._reservations.get(request_id)
@@ -158,6 +197,7 @@ class GatewayRouter:
         reservation = self._reservations.pop(request_id, None)
         if reservation is not None:
             reservation.release()
+        self._stream_bucket.pop(request_id, None)
         answer = self._answer_of.pop(request_id, None)
         if answer is not None and self.model is not None:
             # As the gateway learns: the usage's length, and the time since dispatch.
