@@ -133,3 +133,27 @@ def test_a_growing_queue_counts_as_overloaded_however_short_the_run():
     assert pa.sim_overloaded(growing, 2.5)
     assert not pa.sim_overloaded(slow_but_stable, 5.0)
     assert pa.sim_overloaded(dict(stable, ttft_p95_s=30.0), 5.0)
+
+
+def test_a_run_shorter_than_a_request_life_is_censored_and_not_scored():
+    pa = pytest.importorskip("prediction_accuracy")
+
+    def cell(layout, n_prefill, share_sim, share_pred, window, life, load=1.0):
+        sim = {"ttft_p95_s": 0.5, "itl_p95_s": 0.03, "share": share_sim, "goodput_rps": share_sim,
+               "ttft_growth_s": 0.0, "ttft_growth_rate": 0.0, "window_s": window,
+               "lifetime_s": life, "requests": 150, "requests_asked": 200}
+        pred = {"ttft_p95_s": 0.5, "itl_p95_s": 0.03, "share": share_pred, "overloaded": False,
+                "goodput_rps": share_pred, "capacity_rps": 10.0}
+        return {"cluster": "c", "workload": "w", "load": load, "n_prefill": n_prefill,
+                "layout": layout, "slo": {"ttft_ms": 1000, "itl_ms": 50}, "sim": sim,
+                "pred": pred, "requests_base": 200}
+
+    assert pa.censored({"window_s": 1.7, "lifetime_s": 9.0})
+    assert not pa.censored({"window_s": 30.0, "lifetime_s": 9.0})
+    cells = [cell("aggregated", 0, 0.9, 0.9, 60, 9), cell("2P:6D", 2, 0.8, 0.8, 60, 9),
+             # a transient: 79 points off, and its case's order is not a steady state
+             cell("aggregated", 0, 0.79, 0.0, 1.7, 9, load=4.0),
+             cell("2P:6D", 2, 0.5, 0.6, 1.7, 9, load=4.0)]
+    s = pa.summarise(cells)
+    assert s["short_window_cells"] == 2 and s["share_abs_err_p90"] < 1
+    assert s["rank_corr_censored_cases"] == ["c/w/4.0"] and s["rank_corr_cases"] == 1
