@@ -217,13 +217,15 @@ class _Conn(asyncio.Protocol):
             req._chunks.clear()
         elif req.unread > BODY_HIGH_WATER and (req.hot is None or self.queue[0] is not req):
             self._pause()  # read on when its handler reads (a whole OpenAI body is read)
-        req._wake()
+        if req._waiter is not None:  # a handler waits for the body (rarely: body_now)
+            req._wake()
 
     def on_message_complete(self) -> None:
         req = self.parsing
         self.parsing = None
         req.complete = True
-        req._wake()
+        if req._waiter is not None:  # a handler waits for the body (rarely: body_now)
+            req._wake()
         if self.lingering is not None:
             self.closed = True
             self.transport.close()
@@ -307,7 +309,8 @@ class _Conn(asyncio.Protocol):
                 await self._answer(req)
                 self.queue.popleft()
                 self.progress += 1
-                self._consumed()
+                if self.reading_paused:
+                    self._consumed()
                 if self.input_done:  # refused input: end our side, drop what still comes
                     self._linger(half_close=True)
                     return

@@ -156,7 +156,9 @@ class _Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         response = self.response
         response.status = self.parser.get_status_code()
-        response._wake()
+        waiter = response._waiter  # as response._wake(), without the call
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def on_body(self, body: bytes) -> None:
         response = self.response
