@@ -63,7 +63,7 @@ class _Histogram:
     the request path; only ratios of the counts are read, which the scale leaves as
     they are."""
 
-    __slots__ = ("count", "dur", "dur_inverse", "inverse", "scale", "timed", "total",
+    __slots__ = ("after", "count", "dur", "dur_inverse", "inverse", "scale", "timed", "total",
                  "weights")
 
     def __init__(self) -> None:
@@ -78,6 +78,8 @@ class _Histogram:
         self.total = 0  # answers seen (not decayed)
         # (max_tokens, ratio) -> (total when computed, expected weight): see weight()
         self.weights: dict[tuple[int | None, float], tuple[int, float]] = {}
+        # (floor, ratio, buckets ruled out) -> (total when computed, weight): weight_after
+        self.after: dict[tuple[float, float, int], tuple[int, float]] = {}
 
 
 class AnswerLengths:
@@ -98,6 +100,9 @@ class AnswerLengths:
         self._start: float | None = None  # earliest dispatch of an answer seen (``now``'s clock)
         self.epoch = 0  # grows every ~1/64 of the memory's answers (see observe)
         self._answers = self._epoch_at = 0
+        # Streams in flight whose weights were booked from weight_after (objects with a
+        # ``rebook()``: gateway.request_driver.StreamWeight): re-booked as the epoch moves.
+        self.following: set = set()
 
     def observe(self, model: str, prompt_tokens: int, completion_tokens: int,
                 duration_s: float | None = None, now: float | None = None) -> None:
@@ -129,6 +134,8 @@ class AnswerLengths:
         if (self._answers - self._epoch_at) * 64 >= min(self._answers, self.memory):
             self.epoch += 1
             self._epoch_at = self._answers
+            for stream in tuple(self.following):
+                stream.rebook()
 
     def _add(self, hist: _Histogram, completion_tokens: int, count: float = 1.0,
              duration_s: float | None = None) -> None:
@@ -187,15 +194,25 @@ class AnswerLengths:
         if hist is None or hist.total < self.min_samples:
             return None
         floor = 1.0 / max_tokens if max_tokens and max_tokens > 0 else 0.0
+        # Buckets [2^b, 2^(b+1)) with room above ``produced`` (the answer goes on) are those
+        # with b >= (produced + 1).bit_length() - 1: the result depends on ``produced`` only
+        # through that, so it is cached by it, recomputed as weight()'s cache is (a stream
+        # asks ~log2(length) times, and every stream of a class asks the same questions).
+        first = (produced + 1).bit_length() - 1
+        key = (floor, ttft_itl_ratio, first)
+        cached = hist.after.get(key)
+        if cached is not None and (hist.total - cached[0]) * 64 < min(hist.total, self.memory):
+            return cached[1]
         weighted = seen = 0.0
-        for b, (count, inverse) in enumerate(zip(hist.count, hist.inverse, strict=True)):
-            # Buckets [2^b, 2^(b+1)) with room above ``produced`` (the answer goes on).
-            if count <= 0 or (2 << b) <= produced + 1:
-                continue
-            weighted += count * min(1.0, ttft_itl_ratio * max(inverse / count, floor))
-            seen += count
+        for count, inverse in zip(hist.count[first:], hist.inverse[first:], strict=True):
+            if count > 0:
+                weighted += count * min(1.0, ttft_itl_ratio * max(inverse / count, floor))
+                seen += count
         if seen > 0:
-            return weighted / seen
+            if len(hist.after) > 256:  # many distinct max_tokens: keep the cache small
+                hist.after.clear()
+            value = hist.after[key] = (hist.total, weighted / seen)
+            return value[1]
         # Longer than every answer seen: at most the weight of what it has produced.
         return min(1.0, ttft_itl_ratio * max(1.0 / max(produced, 1), floor))
 

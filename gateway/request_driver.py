@@ -70,6 +70,37 @@ class Reservation:
                 self.gw.peers.load(held[0], 0.0, -held[1], -1)
 
 
+class StreamWeight:
+    """A streamed answer's stall weight, re-booked from its progress (issue 18):
+    ``E[weight | length > tokens so far]`` (:meth:`AnswerLengths.weight_after`) when the
+    relay's count of tokens crosses a power of two (the learned buckets' edges) and when
+    the learned lengths move (``AnswerLengths.epoch``: ``observe`` calls :meth:`rebook`),
+    as the simulator's ``answers="learn-stream"`` does (workers_agent/sim/gateway_routing.py;
+    measured there: docs/benchmarks.md, router_quality fifth pass)."""
+
+    __slots__ = ("lengths", "load", "max_tokens", "model", "produced", "prompt_tokens", "ratio")
+
+    def __init__(self, lengths, load: LoadReservation, model: str, prompt_tokens: int,
+                 max_tokens: int | None, ratio: float):
+        self.lengths, self.load, self.model = lengths, load, model
+        self.prompt_tokens, self.max_tokens, self.ratio = prompt_tokens, max_tokens, ratio
+        self.produced = 0  # the count last re-booked at
+
+    def rebook(self, produced: int | None = None) -> int:
+        """Re-book at ``produced`` tokens (None: at the count last re-booked at, the learned
+        lengths having moved); returns the count to re-book at next (the next power of two
+        above it)."""
+        if produced is None:
+            produced = self.produced
+        else:
+            self.produced = produced
+        weight = self.lengths.weight_after(self.model, self.prompt_tokens, self.max_tokens,
+                                           self.ratio, produced)
+        if weight is not None:  # None: not enough answers learned, keep the weight booked
+            self.load.reweight(weight)
+        return 1 << produced.bit_length()
+
+
 class RequestDriver:
     """Needs: config, metrics, loads, peers, pairs, pool, upstream_timeout, prefill_timeout,
     _urls, answer_lengths (set by Gateway); _reject (Gateway); _remember_prefix,
@@ -86,16 +117,23 @@ class RequestDriver:
         if not (isinstance(max_out, int) and max_out > 0):
             max_out = None
         # KV is booked for the longest answer allowed (else DEFAULT_OUTPUT_TOKENS); the
-        # stall weight for the answer length learned from finished answers (docs/gateway.md).
-        weight = self.answer_lengths.weight(model.name, prompt["tokens"], max_out,
-                                            plan.ttft_itl_ratio)
+        # stall weight for the answer length learned from finished answers (docs/gateway.md):
+        # of a request found in flight, or for a stream, per request and re-booked as it
+        # streams (StreamWeight: conditioning on its progress is the in-flight correction).
+        stream = bool(body.get("stream"))
+        weight = None
+        if stream:
+            weight = self.answer_lengths.weight_after(model.name, prompt["tokens"], max_out,
+                                                      plan.ttft_itl_ratio, 0)
+        if weight is None:
+            weight = self.answer_lengths.weight(model.name, prompt["tokens"], max_out,
+                                                plan.ttft_itl_ratio)
         reservation = Reservation(self, plan, prompt["tokens"], max_out or DEFAULT_OUTPUT_TOKENS,
                                   bs, weight)
         headers = {"Content-Type": JSON, "X-Request-Id": request_id}
         authorization = request.headers.get("Authorization")
         if authorization is not None:
             headers["Authorization"] = authorization
-        stream = bool(body.get("stream"))
         # Remember the prefix at dispatch, not at the first token: requests sharing it that
         # arrive while this one is still prefilling should follow it (as SGLang's tree does).
         self._remember_prefix(model, plan, prompt, counted)
@@ -140,7 +178,12 @@ class RequestDriver:
                     return Reply(upstream.status, payload, response_headers)
                 ttft = time.perf_counter() - started
                 counted.ttft.observe(ttft)
-                return await self._relay(request, upstream, response_headers, model, prompt)
+                progress = None  # ratio 0: every weight is 1, nothing to re-book
+                if plan.ttft_itl_ratio > 0:
+                    progress = StreamWeight(self.answer_lengths, reservation.load, model.name,
+                                            prompt["tokens"], max_out, plan.ttft_itl_ratio)
+                return await self._relay(request, upstream, response_headers, model, prompt,
+                                         progress)
             finally:
                 upstream.close()
         finally:
@@ -237,14 +280,29 @@ class RequestDriver:
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise UpstreamFailure(upstream.worker_id, f"answer cut short: {exc!r}") from exc
 
-    async def _relay(self, request, upstream, headers, model, prompt) -> None:
+    async def _relay(self, request, upstream, headers, model, prompt,
+                     progress: StreamWeight | None = None) -> None:
         """The stream, relayed to the client as it comes (``request`` is the server's
         exchange). A chunk that ends the answer goes out with the stream's end, in one
-        write."""
+        write. ``progress``: the request's stall weight, re-booked as tokens stream."""
         counted = self.metrics.model(model.name)
         itl = counted.itl
         tail = previous = upstream.first_chunk
         content = upstream.response.content
+        # Tokens so far, counted as SSE data events: vLLM and SGLang send one event per
+        # decode step, one token each, so the count is the answer's length give or take the
+        # role, usage and [DONE] events (a few tokens: the edges that matter are the large
+        # powers of two). It undercounts where one event carries several tokens
+        # (speculative decoding, an engine's stream_interval > 1): the count is then steps,
+        # and the weight is read for a shorter answer than it is, i.e. higher (the
+        # conservative side, as before this re-booking); text containing "data:" literally
+        # adds one. One C scan per read (a read holds several events when the relay lags:
+        # counting reads would undercount under load, when it matters) and one comparison.
+        produced = tail.count(b"data:")
+        edge = 1 << 62  # the count to re-book at next
+        if progress is not None:
+            self.answer_lengths.following.add(progress)
+            edge = progress.rebook(produced)
         try:
             await request.start_stream(200, headers, tail)
             last = time.perf_counter()
@@ -256,6 +314,9 @@ class RequestDriver:
                 now = time.perf_counter()
                 itl.observe(now - last)
                 last = now
+                produced += chunk.count(b"data:")
+                if produced >= edge:  # booked before the client sees the token
+                    edge = progress.rebook(produced)
                 previous, tail = tail, chunk
                 if content.at_eof():
                     ending = chunk
@@ -274,6 +335,9 @@ class RequestDriver:
             # After the first byte there is no retry: end the stream, count it.
             counted.errors["upstream_mid_stream"].inc()
             log.warning("upstream %s failed mid-stream: %r", upstream.worker_id, exc)
+        finally:
+            # (_execute releases the reservation; a re-book after it would book nothing.)
+            self.answer_lengths.following.discard(progress)
 
     def _url(self, base: str, endpoint: str) -> Target:
         """The worker's endpoint, parsed once (URL parsing is a visible share of a

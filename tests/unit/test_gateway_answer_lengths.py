@@ -4,10 +4,14 @@ non-streaming body or a stream's usage chunk) and books the learned stall weight
 from __future__ import annotations
 
 import asyncio
+from itertools import pairwise
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway import request_driver
+from gateway.answer_lengths import AnswerLengths
 from gateway.router import LoadReservation, stall_weight
 
 from .gateway_stub import MODEL, StubEngine, start_gateway, table_for
@@ -68,3 +72,146 @@ async def _scenario(booked, stream):
     finally:
         await client.close()
         await engine.close()
+
+
+class PacedEngine:
+    """Streams ``tokens`` one SSE event each, the next only when the test says so."""
+
+    def __init__(self, tokens: int):
+        self.tokens = tokens
+        self.go = asyncio.Queue()
+        self.server = None
+
+    async def start(self):
+        from aiohttp import web
+        from aiohttp.test_utils import TestServer
+
+        app = web.Application()
+        app.router.add_post("/v1/completions", self.completions)
+        self.server = TestServer(app)
+        await self.server.start_server()
+        self.url, self.id = str(self.server.make_url("")).rstrip("/"), "paced"
+        return self
+
+    async def completions(self, request):
+        import orjson
+        from aiohttp import web
+
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for i in range(self.tokens):
+            await self.go.get()
+            chunk = {"id": "c", "choices": [{"index": 0, "text": f"t{i}"}]}
+            await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+
+async def _next_event(content) -> bytes:
+    event = b""
+    while not event.endswith(b"\n\n"):
+        line = await asyncio.wait_for(content.readline(), 5)
+        assert line, "stream ended early"
+        event += line
+    return event
+
+
+@pytest.mark.parametrize("disconnect", [False, True])
+def test_a_streams_weight_falls_as_it_streams_and_its_release_balances(disconnect):
+    """Through the real relay: a streamed request books E[weight] per request, re-books
+    E[weight | length > tokens so far] as its tokens cross powers of two, and gives back
+    exactly what it holds at the end (or when the client goes mid-stream)."""
+    asyncio.run(_paced_scenario(disconnect))
+
+
+async def _paced_scenario(disconnect):
+    engine = await PacedEngine(40).start()
+    gateway, client = await start_gateway(table_for([(engine, "both")], ttft_itl_ratio=RATIO))
+    lengths = gateway.answer_lengths
+    for _ in range(10):  # half the answers 10 tokens (weight 1), half 1000 (weight 0.02)
+        lengths.observe(MODEL, 5, 10)
+        lengths.observe(MODEL, 5, 1000)
+
+    def booked():
+        return sum(load.stall_weight_sum for load in gateway.loads.values())
+
+    body = {"model": MODEL, "prompt": "hi", "stream": True}
+    try:
+        engine.go.put_nowait(None)  # the first token: the gateway answers once it has one
+        r = await client.post("/v1/completions", json=body)
+        assert r.status == 200
+        await _next_event(r.content)
+        # Dispatched at E[weight] = ~0.51 (per request); one token in it is re-booked
+        # to the same buckets (no answer shorter than 2 tokens was seen).
+        assert booked() == pytest.approx(0.51, abs=0.02)
+        assert len(lengths.following) == 1
+        weights = [booked()]
+        for _ in range(19):
+            engine.go.put_nowait(None)
+            await _next_event(r.content)
+            weights.append(booked())
+        # Past 15 tokens only the long answers remain possible.
+        assert weights[-1] == pytest.approx(0.02, rel=0.05)
+        assert all(b <= a + 1e-9 for a, b in pairwise(weights))
+        # Re-booked when the count crosses a power of two only (1, 2, 4, 8, 16).
+        assert len(set(weights)) <= 3
+        # Learned lengths moving (AnswerLengths.epoch) re-book the stream in flight: now
+        # every answer learned is 20 tokens long, i.e. 20 tokens in, it is at most that.
+        for _ in range(200):
+            lengths.observe(MODEL, 5, 20)
+        assert booked() > 0.5
+        if disconnect:
+            r.close()
+        else:
+            for _ in range(20):
+                engine.go.put_nowait(None)
+            await r.read()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5
+        while loop.time() < deadline:  # released once its handler ends or is cancelled
+            if all(load.in_flight == 0 for load in gateway.loads.values()):
+                break
+            await asyncio.sleep(0.02)
+        for load in gateway.loads.values():
+            assert load.in_flight == 0 and load.own_requests == 0
+            assert load.stall_weight_sum == 0 and load.decode_blocks == 0
+        assert not lengths.following
+    finally:
+        for _ in range(40):
+            engine.go.put_nowait(None)
+        await client.close()
+        await engine.server.close()
+
+
+def _weight_after_uncached(lengths, max_tokens, ratio, produced):
+    """weight_after as first written (5b2cdc5): every bucket visited, nothing cached."""
+    hist = lengths._hists[(MODEL, -1)]
+    floor = 1.0 / max_tokens if max_tokens else 0.0
+    weighted = seen = 0.0
+    for b, (count, inverse) in enumerate(zip(hist.count, hist.inverse, strict=True)):
+        if count <= 0 or (2 << b) <= produced + 1:
+            continue
+        weighted += count * min(1.0, ratio * max(inverse / count, floor))
+        seen += count
+    if seen > 0:
+        return weighted / seen
+    return min(1.0, ratio * max(1.0 / max(produced, 1), floor))
+
+
+@settings(max_examples=150, deadline=None)
+@given(answers=st.lists(st.integers(1, 3000), min_size=1, max_size=60),
+       produced=st.lists(st.integers(0, 4000), min_size=1, max_size=12),
+       max_tokens=st.one_of(st.none(), st.integers(1, 4000)), ratio=st.floats(0.5, 100))
+def test_weight_after_cached_by_length_class_is_the_uncached_arithmetic(answers, produced,
+                                                                        max_tokens, ratio):
+    lengths = AnswerLengths(min_samples=1)
+    for n in answers:
+        lengths.observe(MODEL, 0, n)
+        for p in produced:  # asked between answers too: a cached value must stay right
+            got = lengths.weight_after(MODEL, 0, max_tokens, ratio, p)
+            fresh = _weight_after_uncached(lengths, max_tokens, ratio, p)
+            # Fresh while the learner moved by < 1/64 of min(answers, memory): here every
+            # answer while fewer than 64 are seen, so exact.
+            assert got == pytest.approx(fresh, rel=1e-12)
