@@ -37,8 +37,14 @@ says overloaded). Hence:
 * ``rank_corr_min`` is the worst Spearman correlation (average ranks for ties) across a
   case's layouts of the model's order (goodput, then the rate at which the layout
   saturates: the planner's own order) against the run's (goodput; an overloaded run ranks
-  by goodput 0, then lower TTFT p95 first). Cases where the run ranks every layout equal
+  by goodput 0, then slower TTFT growth first). Cases where the run ranks every layout equal
   have no order to agree with: they are listed in ``rank_corr_tied_cases``, not scored;
+* a run whose measured window is shorter than one request's life (answer × ITL) has a
+  decode batch that never reached the steady state the model describes (a burst of 200
+  rag-4k requests on H200 at load 4 arrives in 1.7 s; a request lives minutes): it is
+  rerun with enough arrivals to span a life, up to 8× the requests (``lengthened_cells``);
+  one still shorter is **censored**: counted in ``short_window_cells``, left out of the
+  share error and of the rank correlation (its case in ``rank_corr_censored_cases``);
 * ``calibration_factor_range`` is the range of simulated ÷ predicted p95 over the stable
   cells: where the online calibration's EWMA would settle in steady state.
 
@@ -354,10 +360,12 @@ def quantile(xs: list[float], q: float) -> float | None:
 
 def _sim_key(c: dict) -> tuple:
     # Goodput in steady state: an overloaded run serves ~nothing in the long run, however
-    # much its finite window served; among those, the one whose TTFT grew least is closest.
+    # much its finite window served; among those, the one whose TTFT grew least is closest:
+    # by its growth rate (s/s, ≈ ρ − 1), not its p95, which grows with the run's length
+    # (a lengthened run, see _job, would rank below a short one for its length alone).
     sim = c["sim"]
     if c["sim_overloaded"]:
-        return (0.0, -(sim["ttft_p95_s"] or math.inf))
+        return (0.0, -round(sim.get("ttft_growth_rate", 0.0), 2))
     return (round(sim["goodput_rps"], 4), 0.0)
 
 
