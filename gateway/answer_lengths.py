@@ -99,7 +99,8 @@ class AnswerLengths:
         self._hists: dict[tuple[str, int], _Histogram] = {}
         self._start: float | None = None  # earliest dispatch of an answer seen (``now``'s clock)
         self.epoch = 0  # grows every ~1/64 of the memory's answers (see observe)
-        self._answers = self._epoch_at = 0
+        self._answers = 0
+        self._next_epoch = 1  # the answer count at which the epoch moves next
         # Streams in flight whose weights were booked from weight_after (objects with a
         # ``rebook()``: gateway.request_driver.StreamWeight): re-booked as the epoch moves.
         self.following: set = set()
@@ -123,36 +124,51 @@ class AnswerLengths:
                     else IPW_CAP
         else:
             duration_s = None
-        for key in ((model, -1), (model, _prompt_class(prompt_tokens))):
-            hist = self._hists.get(key)
+        # Both histograms (the model's, the prompt class's) in one loop, the bucket once:
+        # this runs per finished answer (the arithmetic is what a separate _add did).
+        b = int(completion_tokens).bit_length() - 1
+        if b >= BUCKETS:
+            b = BUCKETS - 1
+        decay = self.decay
+        hists = self._hists
+        prompt_class = int(prompt_tokens)
+        prompt_class = prompt_class.bit_length() if prompt_class > 0 else 0  # _prompt_class
+        for key in ((model, -1), (model, prompt_class)):
+            hist = hists.get(key)
             if hist is None:
-                hist = self._hists[key] = _Histogram()
-            self._add(hist, completion_tokens, count, duration_s)
+                hist = hists[key] = _Histogram()
+            scale = hist.scale = hist.scale / decay
+            if scale > 1e100:  # fold the scale back in before it overflows
+                for sums in (hist.count, hist.inverse, hist.dur, hist.dur_inverse):
+                    sums[:] = [v / scale for v in sums]
+                scale = hist.scale = 1.0
+            scale *= count
+            hist.count[b] += scale
+            hist.inverse[b] += scale / completion_tokens
+            hist.total += 1
+            if duration_s is not None:
+                hist.dur[b] += scale * duration_s
+                hist.dur_inverse[b] += scale * duration_s / completion_tokens
+                hist.timed += 1
         # Every ~1/64 of the memory's answers (each while few are seen): weights booked
         # from the learned lengths are worth re-booking (weight_after's callers).
-        self._answers += 1
-        if (self._answers - self._epoch_at) * 64 >= min(self._answers, self.memory):
+        answers = self._answers = self._answers + 1
+        if answers >= self._next_epoch:
             self.epoch += 1
-            self._epoch_at = self._answers
+            self._next_epoch = self._epoch_after(answers)
             for stream in tuple(self.following):
                 stream.rebook()
 
-    def _add(self, hist: _Histogram, completion_tokens: int, count: float = 1.0,
-             duration_s: float | None = None) -> None:
-        scale = hist.scale = hist.scale / self.decay
-        if scale > 1e100:  # fold the scale back in before it overflows
-            for sums in (hist.count, hist.inverse, hist.dur, hist.dur_inverse):
-                sums[:] = [v / scale for v in sums]
-            scale = hist.scale = 1.0
-        b = min(int(completion_tokens).bit_length() - 1, BUCKETS - 1)
-        scale *= count
-        hist.count[b] += scale
-        hist.inverse[b] += scale / completion_tokens
-        hist.total += 1
-        if duration_s is not None:
-            hist.dur[b] += scale * duration_s
-            hist.dur_inverse[b] += scale * duration_s / completion_tokens
-            hist.timed += 1
+    def _epoch_after(self, answers: int) -> int:
+        """The first count of answers ``a`` > ``answers`` with ``(a - answers) × 64 ≥
+        min(a, memory)`` (the left side grows faster than the right, so it is the only
+        edge), worked out when an epoch starts instead of tested per answer: up to the
+        memory, ``63 a ≥ 64 answers``; past it, ``a ≥ answers + memory / 64``."""
+        memory = self.memory
+        a = max(answers + 1, -(-64 * answers // 63))
+        if a <= memory:
+            return a
+        return max(memory + 1, answers - (-memory // 64))
 
     def weight(self, model: str, prompt_tokens: int, max_tokens: int | None,
                ttft_itl_ratio: float) -> float:

@@ -30,7 +30,8 @@ from .table import ModelRoute
 
 _PROMPT_TOKENS_KEY = b'"prompt_tokens"'
 _COMPLETION_TOKENS_KEY = b'"completion_tokens"'
-_USAGE_VALUE = re.compile(rb"[ \t\r\n]*:[ \t\r\n]*([0-9]+)")
+# At most 12 digits: a longer run is no count (the lookahead refuses it in the scan).
+_USAGE_VALUE = re.compile(rb"[ \t\r\n]*:[ \t\r\n]*([0-9]{1,12})(?![0-9])")
 
 
 def _usage_count(payload: bytes, key: bytes = _PROMPT_TOKENS_KEY) -> int | None:
@@ -41,12 +42,9 @@ def _usage_count(payload: bytes, key: bytes = _PROMPT_TOKENS_KEY) -> int | None:
     at = payload.rfind(key)
     if at < 0:
         return None
-    start = at + len(key)
-    found = _USAGE_VALUE.match(payload, start, start + 32)
-    if found is None:
-        return None
-    digits = found.group(1)
-    return int(digits) if len(digits) <= 12 else None
+    at += len(key)
+    found = _USAGE_VALUE.match(payload, at, at + 32)
+    return None if found is None else int(found[1])
 
 
 class PrefixKnowledge:

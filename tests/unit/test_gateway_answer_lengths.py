@@ -4,14 +4,16 @@ non-streaming body or a stream's usage chunk) and books the learned stall weight
 from __future__ import annotations
 
 import asyncio
+import re
 from itertools import pairwise
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gateway import request_driver
-from gateway.answer_lengths import AnswerLengths
+from gateway.answer_lengths import BUCKETS, IPW_CAP, AnswerLengths, _Histogram
+from gateway.prefix_knowledge import _usage_count
 from gateway.router import LoadReservation, stall_weight
 
 from .gateway_stub import MODEL, StubEngine, start_gateway, table_for
@@ -215,3 +217,95 @@ def test_weight_after_cached_by_length_class_is_the_uncached_arithmetic(answers,
             # Fresh while the learner moved by < 1/64 of min(answers, memory): here every
             # answer while fewer than 64 are seen, so exact.
             assert got == pytest.approx(fresh, rel=1e-12)
+
+
+class _OldLengths(AnswerLengths):
+    """observe as it was at 5b2cdc5 (a separate _add per histogram, the epoch's rule tested
+    per answer): the arithmetic the restructured observe must reproduce bit for bit."""
+
+    def observe(self, model, prompt_tokens, completion_tokens, duration_s=None, now=None):
+        if completion_tokens <= 0:
+            return
+        count = 1.0
+        if duration_s is not None and now is not None and duration_s >= 0:
+            start = now - duration_s
+            if self._start is None:
+                self._start = start
+            else:
+                self._start = min(self._start, start)
+                span = now - self._start
+                count = min(IPW_CAP, span / (span - duration_s)) if span > duration_s \
+                    else IPW_CAP
+        else:
+            duration_s = None
+        for key in ((model, -1), (model, max(int(prompt_tokens), 0).bit_length())):
+            hist = self._hists.get(key)
+            if hist is None:
+                hist = self._hists[key] = _Histogram()
+            self._old_add(hist, completion_tokens, count, duration_s)
+        self._answers += 1
+        if (self._answers - self._old_epoch_at) * 64 >= min(self._answers, self.memory):
+            self.epoch += 1
+            self._old_epoch_at = self._answers
+
+    _old_epoch_at = 0
+
+    def _old_add(self, hist, completion_tokens, count, duration_s):
+        scale = hist.scale = hist.scale / self.decay
+        if scale > 1e100:
+            for sums in (hist.count, hist.inverse, hist.dur, hist.dur_inverse):
+                sums[:] = [v / scale for v in sums]
+            scale = hist.scale = 1.0
+        b = min(int(completion_tokens).bit_length() - 1, BUCKETS - 1)
+        scale *= count
+        hist.count[b] += scale
+        hist.inverse[b] += scale / completion_tokens
+        hist.total += 1
+        if duration_s is not None:
+            hist.dur[b] += scale * duration_s
+            hist.dur_inverse[b] += scale * duration_s / completion_tokens
+            hist.timed += 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(answers=st.lists(st.tuples(st.integers(-3, 1 << 22), st.integers(-2, 1 << 22),
+                                  st.one_of(st.none(), st.floats(-1, 300)),
+                                  st.floats(0, 50)), min_size=1, max_size=300),
+       memory=st.integers(2, 700))  # memory 1: decay 0 (divides by zero, before and after)
+@example(answers=[(5, 7, 1.0, 0.5), (900, 3000, None, 0.0)] * 200, memory=2)  # folds
+def test_observe_restructured_is_the_old_arithmetic(answers, memory):
+    new, old = AnswerLengths(memory=memory), _OldLengths(memory=memory)
+    clock = 1000.0
+    for prompt, completion, duration, step in answers:
+        clock += step
+        for lengths in (new, old):
+            lengths.observe(MODEL, prompt, completion, duration, clock)
+        assert new.epoch == old.epoch and new._start == old._start
+    assert new._hists.keys() == old._hists.keys()
+    for key, hist in new._hists.items():
+        ref = old._hists[key]
+        for field in ("count", "inverse", "dur", "dur_inverse", "scale", "timed", "total"):
+            assert getattr(hist, field) == getattr(ref, field), field
+
+
+def _old_usage_count(payload, key):
+    at = payload.rfind(key)
+    if at < 0:
+        return None
+    start = at + len(key)
+    found = re.compile(rb"[ \t\r\n]*:[ \t\r\n]*([0-9]+)").match(payload, start, start + 32)
+    if found is None:
+        return None
+    digits = found.group(1)
+    return int(digits) if len(digits) <= 12 else None
+
+
+@settings(max_examples=300, deadline=None)
+@given(parts=st.lists(st.one_of(st.sampled_from([b'"prompt_tokens"', b'"completion_tokens"',
+                                                 b":", b" ", b"\n", b",", b"}", b"0"]),
+                                st.integers(0, 10**15).map(lambda n: str(n).encode()),
+                                st.binary(max_size=8)), max_size=24))
+def test_usage_count_is_what_it_was(parts):
+    payload = b"".join(parts)
+    for key in (b'"prompt_tokens"', b'"completion_tokens"'):
+        assert _usage_count(payload, key) == _old_usage_count(payload, key)
