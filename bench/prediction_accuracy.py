@@ -42,7 +42,8 @@ says overloaded). Hence:
 * a run whose measured window is shorter than one request's life (answer × ITL) has a
   decode batch that never reached the steady state the model describes (a burst of 200
   rag-4k requests on H200 at load 4 arrives in 1.7 s; a request lives minutes): it is
-  rerun with enough arrivals to span a life, up to 8× the requests (``lengthened_cells``);
+  rerun with enough arrivals to span a life, up to 8× the requests (``lengthened_cells``;
+  not in ``--quick``, which must stay under a minute);
   one still shorter is **censored**: counted in ``short_window_cells``, left out of the
   share error and of the rank correlation (its case in ``rank_corr_censored_cases``);
 * ``calibration_factor_range`` is the range of simulated ÷ predicted p95 over the stable
@@ -294,7 +295,8 @@ def censored(sim: dict) -> bool:
 
 
 def _job(args):
-    cname, wname, load, n_prefill, n = args
+    cname, wname, load, n_prefill, n, *rest = args
+    max_scale = rest[0] if rest else MAX_SCALE
     cluster = CLUSTERS[cname]
     started = time.perf_counter()
     m = n
@@ -304,10 +306,10 @@ def _job(args):
         # Too short for steady state: rerun with enough arrivals to span a life, as this
         # run estimates it (a censored run underestimates it: its batch was not full,
         # hence the loop), up to MAX_SCALE × n; a trace may hold no more requests.
-        if not censored(sim) or m >= MAX_SCALE * n or len(wl.requests) < m:
+        if not censored(sim) or m >= max_scale * n or len(wl.requests) < m:
             break
         need = math.ceil(m * MIN_LIVES * sim["lifetime_s"] / max(sim["window_s"], 1e-9))
-        m = min(max(need, 2 * m), MAX_SCALE * n)
+        m = min(max(need, 2 * m), max_scale * n)
     sim["requests_asked"] = m
     pred = predict_cell(cluster, slo, sim, n_prefill)
     return {"cluster": cname, "workload": wname, "load": load, "n_prefill": n_prefill,
@@ -455,7 +457,11 @@ def main() -> None:
     pairs = QUICK if args.quick else [(c, w) for c in CLUSTERS for w in names]
     loads = (1.0, 2.0) if args.quick else LOADS
     n = args.requests or (60 if args.quick else 400)
-    jobs = [(c, w, load, p, n) for c, w in pairs for load in loads for p in splits(CLUSTERS[c])]
+    # --quick does not lengthen short runs (it must stay under a minute): they are only
+    # marked censored and left out of the share and rank scores.
+    scale = 1 if args.quick else MAX_SCALE
+    jobs = [(c, w, load, p, n, scale) for c, w in pairs for load in loads
+            for p in splits(CLUSTERS[c])]
     # A fixed shuffle: a run stopped early (its --json is rewritten after every cell) holds
     # a uniform sample of the grid, the same one for every model version.
     random.Random(16).shuffle(jobs)
