@@ -300,10 +300,10 @@ class RequestDriver:
         # counting reads would undercount under load, when it matters) and one comparison.
         produced = tail.count(b"data:")
         edge = 1 << 62  # the count to re-book at next
-        if progress is not None:
-            self.answer_lengths.following.add(progress)
-            edge = progress.rebook(produced)
         try:
+            if progress is not None:
+                self.answer_lengths.following.add(progress)
+                edge = progress.rebook(produced)
             await request.start_stream(200, headers, tail)
             last = time.perf_counter()
             ending = b""
