@@ -152,7 +152,7 @@ class FleetLatencyReader:
         # seconds of stall per planning cycle; one failed query is enough to fall back.
         self._client = PrometheusConnect(url=url, disable_ssl=True, timeout=timeout_s,
                                          retry=Retry(total=0))
-        self._cache: dict[tuple, tuple[float, LatencyFigures | None]] = {}
+        self._cache: dict[tuple, tuple[float, object]] = {}
 
     def model_figures(self, model_name: str) -> LatencyFigures | None:
         return self._figures({"model_name": model_name})
@@ -165,37 +165,21 @@ class FleetLatencyReader:
         """The agents' fleet figures (controlplane.telemetry.histograms) from Prometheus:
         the same counters and buckets, merged by ``sum by (le)``. None on any failure or
         when Prometheus has no requests for the model in the window."""
-        key = ("engine_stats", model_name, window_s)
-        cached = self._cache.get(key)
-        now = time.monotonic()
-        if cached and now - cached[0] < self.cache_s:
-            return cached[1]
-        try:
-            stats = self._engine_stats({"model_name": model_name}, prom_duration(window_s),
-                                       window_s)
-        except Exception as exc:
-            log.warning("prometheus query failed (%s); falling back to agent figures", exc)
-            stats = None
-        self._cache[key] = (now, stats)
-        return stats
+        return self._cached(
+            ("engine_stats", model_name, window_s),
+            lambda: self._engine_stats({"model_name": model_name}, prom_duration(window_s),
+                                       window_s),
+            "prometheus query failed (%s); falling back to agent figures")
 
     def affinity_share(self, model_name: str, window_s: float) -> float | None:
         """Share of the model's aggregated-path routing decisions over ``window_s`` that
         followed a cached prefix (:func:`affinity_share_from`); None on any failure."""
-        key = ("affinity", model_name, window_s)
-        cached = self._cache.get(key)
-        now = time.monotonic()
-        if cached and now - cached[0] < self.cache_s:
-            return cached[1]
-        try:
-            share = affinity_share_from(self._client.custom_query(
+        return self._cached(
+            ("affinity", model_name, window_s),
+            lambda: affinity_share_from(self._client.custom_query(
                 affinity_query(model_name, prom_duration(window_s)),
-                params={"timeout": prom_duration(self.timeout_s)}))
-        except Exception as exc:  # requests, JSON and Prometheus errors alike
-            log.warning("prometheus routing-decision query failed (%s); affinity unknown", exc)
-            share = None
-        self._cache[key] = (now, share)
-        return share
+                params={"timeout": prom_duration(self.timeout_s)})),
+            "prometheus routing-decision query failed (%s); affinity unknown")
 
     def _engine_stats(self, labels: dict[str, str], w: str, window_s: float
                       ) -> FleetEngineStats | None:
@@ -234,18 +218,24 @@ class FleetLatencyReader:
         )
 
     def _figures(self, labels: dict[str, str]) -> LatencyFigures | None:
-        key = tuple(sorted(labels.items()))
+        return self._cached(tuple(sorted(labels.items())), lambda: self._query_all(labels),
+                            "prometheus query failed (%s); falling back to agent figures")
+
+    def _cached(self, key: tuple, compute, failure: str):
+        """``compute()``'s answer, kept for ``cache_s``; a failure (requests, JSON and
+        Prometheus errors alike) is logged with ``failure`` and kept as None, so a down
+        Prometheus costs one failed query per key and interval, not one per caller."""
         cached = self._cache.get(key)
         now = time.monotonic()
         if cached and now - cached[0] < self.cache_s:
             return cached[1]
         try:
-            figures = self._query_all(labels)
-        except Exception as exc:  # requests, JSON and Prometheus errors alike
-            log.warning("prometheus query failed (%s); falling back to agent figures", exc)
-            figures = None
-        self._cache[key] = (now, figures)
-        return figures
+            value = compute()
+        except Exception as exc:
+            log.warning(failure, exc)
+            value = None
+        self._cache[key] = (now, value)
+        return value
 
     def _scalar(self, query: str) -> float | None:
         result = self._client.custom_query(query, params={"timeout": prom_duration(self.timeout_s)})
