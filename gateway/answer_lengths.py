@@ -194,6 +194,19 @@ class AnswerLengths:
         hist.weights[key] = (hist.total, value)
         return value
 
+    def dispatch_weight(self, model: str, prompt_tokens: int, max_tokens: int | None,
+                        ttft_itl_ratio: float, stream: bool) -> float:
+        """The weight to book when a request is sent: a stream books its own expected weight
+        (:meth:`weight_after` at 0 tokens; the relay re-books it as it streams, which is the
+        in-flight correction), anything else — or a stream before enough answers are
+        learned — the weight of a request found in flight (:meth:`weight`). The gateway's
+        relay and the simulator's GatewayRouter both book through this."""
+        if stream:
+            weight = self.weight_after(model, prompt_tokens, max_tokens, ttft_itl_ratio, 0)
+            if weight is not None:
+                return weight
+        return self.weight(model, prompt_tokens, max_tokens, ttft_itl_ratio)
+
     def weight_after(self, model: str, prompt_tokens: int, max_tokens: int | None,
                      ttft_itl_ratio: float, produced: int) -> float | None:
         """The expected stall weight of a request in flight that has already produced

@@ -121,13 +121,8 @@ class RequestDriver:
         # of a request found in flight, or for a stream, per request and re-booked as it
         # streams (StreamWeight: conditioning on its progress is the in-flight correction).
         stream = bool(body.get("stream"))
-        weight = None
-        if stream:
-            weight = self.answer_lengths.weight_after(model.name, prompt["tokens"], max_out,
-                                                      plan.ttft_itl_ratio, 0)
-        if weight is None:
-            weight = self.answer_lengths.weight(model.name, prompt["tokens"], max_out,
-                                                plan.ttft_itl_ratio)
+        weight = self.answer_lengths.dispatch_weight(model.name, prompt["tokens"], max_out,
+                                                     plan.ttft_itl_ratio, stream)
         reservation = Reservation(self, plan, prompt["tokens"], max_out or DEFAULT_OUTPUT_TOKENS,
                                   bs, weight)
         headers = {"Content-Type": JSON, "X-Request-Id": request_id}

@@ -157,13 +157,8 @@ class GatewayRouter:
             return output, None
         self._clock = fleet
         self._answer_of[req.request_id] = (req.prompt_tokens, req.output_tokens, fleet.now)
-        if self.stream:  # per request, re-booked as it streams: no in-flight correction
-            weight = self.answer_lengths.weight_after(model.name, req.prompt_tokens, max_tokens,
-                                                      model.ttft_itl_ratio, 0)
-            if weight is not None:
-                return output, weight
-        return output, self.answer_lengths.weight(model.name, req.prompt_tokens, max_tokens,
-                                                  model.ttft_itl_ratio)
+        return output, self.answer_lengths.dispatch_weight(
+            model.name, req.prompt_tokens, max_tokens, model.ttft_itl_ratio, self.stream)
 
     def _follow_streams(self, model: ModelRoute, fleet) -> None:
         """What a relay sees of each answer in flight: its tokens so far. Re-book a weight
