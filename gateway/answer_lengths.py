@@ -55,6 +55,10 @@ from .router import stall_weight
 BUCKETS = 20  # answers up to 2^20 tokens; longer ones go into the last bucket
 DEFAULT_OUTPUT_TOKENS = 128  # what the gateway books for a request without max_tokens
 IPW_CAP = 10.0  # the most one answer counts for (survivorship correction, module doc)
+# The shortest duration taken as measured: below a microsecond a dispatch-to-end time is
+# clock noise, and durations near the float minimum underflow ratio × D / length to 0,
+# which booked a weight of 0 (hypothesis found D = 5e-324 s).
+MIN_DURATION_S = 1e-6
 
 
 class _Histogram:
@@ -122,6 +126,8 @@ class AnswerLengths:
                 span = now - self._start
                 count = min(IPW_CAP, span / (span - duration_s)) if span > duration_s \
                     else IPW_CAP
+            if 0.0 < duration_s < MIN_DURATION_S:
+                duration_s = MIN_DURATION_S
         else:
             duration_s = None
         # Both histograms (the model's, the prompt class's) in one loop, the bucket once:

@@ -12,7 +12,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gateway import request_driver
-from gateway.answer_lengths import BUCKETS, IPW_CAP, AnswerLengths, _Histogram
+from gateway.answer_lengths import BUCKETS, IPW_CAP, MIN_DURATION_S, AnswerLengths, _Histogram
 from gateway.prefix_knowledge import _usage_count
 from gateway.router import LoadReservation, stall_weight
 
@@ -235,6 +235,8 @@ class _OldLengths(AnswerLengths):
                 span = now - self._start
                 count = min(IPW_CAP, span / (span - duration_s)) if span > duration_s \
                     else IPW_CAP
+            if 0.0 < duration_s < MIN_DURATION_S:  # the floor (answer_lengths.MIN_DURATION_S)
+                duration_s = MIN_DURATION_S
         else:
             duration_s = None
         for key in ((model, -1), (model, max(int(prompt_tokens), 0).bit_length())):
