@@ -176,6 +176,15 @@ class AnswerLengths:
             return a
         return max(memory + 1, answers - (-memory // 64))
 
+    def _learned(self, model: str, prompt_tokens: int) -> _Histogram | None:
+        """The prompt class's lengths once it has ``min_samples`` answers, else the model's,
+        else None (not enough learned yet)."""
+        for key in ((model, _prompt_class(prompt_tokens)), (model, -1)):
+            hist = self._hists.get(key)
+            if hist is not None and hist.total >= self.min_samples:
+                return hist
+        return None
+
     def weight(self, model: str, prompt_tokens: int, max_tokens: int | None,
                ttft_itl_ratio: float) -> float:
         """The expected :func:`~gateway.router.stall_weight` of a request of ``model`` with
@@ -183,10 +192,8 @@ class AnswerLengths:
         if ttft_itl_ratio <= 0:
             return 1.0
         cap = max_tokens if max_tokens and max_tokens > 0 else None
-        hist = self._hists.get((model, _prompt_class(prompt_tokens)))
-        if hist is None or hist.total < self.min_samples:
-            hist = self._hists.get((model, -1))
-        if hist is None or hist.total < self.min_samples:
+        hist = self._learned(model, prompt_tokens)
+        if hist is None:
             return stall_weight(cap or self.default_tokens, ttft_itl_ratio)
         # The expectation moves by about 1 / min(answers, memory) per answer: recomputed
         # once that adds up to ~1/64 (every answer while few are seen), not per request.
@@ -223,10 +230,8 @@ class AnswerLengths:
         times per answer."""
         if ttft_itl_ratio <= 0:
             return 1.0
-        hist = self._hists.get((model, _prompt_class(prompt_tokens)))
-        if hist is None or hist.total < self.min_samples:
-            hist = self._hists.get((model, -1))
-        if hist is None or hist.total < self.min_samples:
+        hist = self._learned(model, prompt_tokens)
+        if hist is None:
             return None
         floor = 1.0 / max_tokens if max_tokens and max_tokens > 0 else 0.0
         # Buckets [2^b, 2^(b+1)) with room above ``produced`` (the answer goes on) are those
