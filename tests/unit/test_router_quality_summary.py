@@ -35,3 +35,19 @@ def test_the_goal_holds_only_when_it_holds_for_every_fleet_size():
     assert not s["spread_goal_met"]
     assert s["by_engines"][8]["spread_goal_met"] and not s["by_engines"][32]["spread_goal_met"]
     assert s["pdplane_vs_best_baseline"] == 1.0 and s["pdplane_max_spread"] == 1.6
+
+
+def test_the_honest_router_is_the_streamed_learner_and_the_unstreamed_one_is_judged_too():
+    from bench.router_quality import HEADLINE, HONEST, ROUTERS, UNSTREAMED
+
+    # The headline honest router is what the product's gateway does for a streamed answer.
+    assert HONEST == "pdplane-out128-learn-stream" and HEADLINE["honest_router"] == HONEST
+    assert UNSTREAMED == "pdplane-out128-learn" and {HONEST, UNSTREAMED} <= set(ROUTERS)
+    s = cell([row("pdplane", 1.0, 0.05, 1.2), row(HONEST, 0.99, 0.04, 1.6),
+              row(UNSTREAMED, 1.02, 0.06, 1.6), row("dynamo-cost", 1.0, 0.05, 1.1)])
+    assert s["pdplane_vs_best_baseline"] == 1.0
+    assert s["honest_vs_best_baseline"] == 0.99
+    assert s["honest_hit_rate_minus_best_baseline"] == -0.01
+    assert not s["honest_spread_goal_met"]  # 1.6 and less goodput: not paid
+    assert s["unstreamed_vs_best_baseline"] == 1.02
+    assert s["unstreamed_spread_goal_met"]  # more reuse and more goodput: paid
