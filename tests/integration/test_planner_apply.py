@@ -187,11 +187,17 @@ def test_celery_worker_runs_the_planning_task(h200_cluster, settings):
     try:
         plan_cluster.apply_async((h200_cluster.pk,), queue=queue)
         # Generous, and only spent when the plan is late: on a 2-core box at load ~14 the
-        # worker alone took ~100 s to print its banner, and 120 s from spawn was too little.
+        # worker took ~100 s to boot. The agents' reports are re-sent every 2 s meanwhile,
+        # as live agents would: written once, they were stale (3 missed intervals) by the
+        # time a slow worker planned, and the planner rightly held on no fresh data.
         deadline = time.monotonic() + 300
+        next_report = time.monotonic() + 2.0
         while time.monotonic() < deadline and not Plan.objects.exists():
             if proc.poll() is not None:
                 break
+            if time.monotonic() >= next_report:
+                write_hot_state(h200_cluster, rag_load)
+                next_report = time.monotonic() + 2.0
             time.sleep(0.3)
         if not Plan.objects.exists():
             proc.send_signal(signal.SIGTERM)
