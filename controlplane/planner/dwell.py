@@ -26,11 +26,13 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from .record import MoveMemory, MovePrice, Regime
+from .stepping import target_role
 
 if TYPE_CHECKING:  # pragma: no cover
     from controlplane.policies.effective import EffectivePolicy
 
     from .costmodel import Prediction
+    from .placement import Topology
     from .plantypes import LoadInput, ModelInput, PlannerSettings
 
 HISTORY = 16  # past regime durations remembered
@@ -217,6 +219,37 @@ def _as_load(load: LoadInput, ref) -> LoadInput:
 # --- The price of a move ------------------------------------------------------------------
 
 
+def prefill_moves(inp: ModelInput, topo: Topology, target_p: int) -> tuple[int, int]:
+    """(workers into prefill, workers out of it) to reach the target's placement from the
+    roles as they are (draining workers under the role they drain to)."""
+    placement = topo.placement(target_p) if target_p > 0 else None
+    into = out_of = 0
+    for w in inp.workers:
+        goes = target_role(placement.roles[w.id] if placement else "both", placement is None)
+        into += w.role != "prefill" and goes == "prefill"
+        out_of += w.role == "prefill" and goes != "prefill"
+    return into, out_of
+
+
+def extends_move(mem: MoveMemory | None, cur_p: int, best_p: int, moved: bool,
+                 regime: Regime | None) -> bool:
+    """Whether heading to ``best_p`` prefill workers continues the last move rather than
+    starting another: the layout is on that move's way (between its origin and target,
+    either end included), ``best_p`` lies past its target in the same direction, the load
+    has not moved past the turn-back margin since it was decided, and no new load regime
+    began after the decision. A move decided on a young regime is priced on a short
+    expected dwell and may stop short of the best layout (a smaller move pays sooner);
+    when the regime lasts, the rest pays, and it is the same decision carried on."""
+    if mem is None or moved or regime is None or mem.origin_prefill == mem.target_prefill:
+        return False
+    if regime.started_at > mem.decided_at:
+        return False
+    lo, hi = sorted((mem.origin_prefill, mem.target_prefill))
+    ahead = (best_p - mem.target_prefill) * (mem.target_prefill - mem.origin_prefill) > 0
+    return ahead and lo <= cur_p <= hi
+
+
+
 def _finite(x: float, fallback: float) -> float:
     return x if math.isfinite(x) and x >= 0 else fallback
 
@@ -234,6 +267,7 @@ def price_move(
     ref_plan: Prediction,
     after: tuple[float, int, str] = (0.0, 0, ""),
     waived: str = "",
+    moves: tuple[int, int] | None = None,
 ) -> MovePrice | None:
     """What moving from ``cur_p`` to ``target_p`` prefill workers costs and earns; None
     when there is no basis (no regime seen before this cycle, so neither an age nor a
@@ -243,10 +277,12 @@ def price_move(
     * gain (req/s): the target's predicted goodput over the reference's (holding, or the
       free completion of the layout as it is) at the load now; at the planned load instead
       when that is larger and the target loses nothing now (the gate's own two grounds);
-    * the move: |target − current| workers into or out of prefill, ``max_changes_per_cycle``
-      a cycle, so S steps one cycle period apart; step k's share k/S of the gain starts
-      once its workers drained, so the gain earned is Σ_k gain/S × (dwell − drain − (k−1) ×
-      period), each term at least 0;
+    * the move: the workers into and out of prefill (``moves``: what the target's placement
+      needs — where it balances prefill workers over nodes differently from the layout as
+      it is, one more prefill worker can take a swap of three; else |target − current|),
+      ``max_changes_per_cycle`` a cycle, so S steps one cycle period apart; step k's share
+      k/S of the gain starts once its workers drained, so the gain earned is
+      Σ_k gain/S × (dwell − drain − (k−1) × period), each term at least 0;
     * cost (requests): each changing worker takes no new work while it drains, a 1/n share
       of what the layout as it is serves; a worker leaving decode (or 'both') drains its
       requests in flight (an answer at the mean ITL), one leaving prefill its queued prompts
@@ -274,7 +310,7 @@ def price_move(
     plan_gain = target_plan.goodput_rps - ref_plan.goodput_rps
     if plan_gain > gain and target_now.goodput_rps >= ref_now.goodput_rps * 0.99:
         gain = plan_gain
-    into, out_of = max(target_p - cur_p, 0), max(cur_p - target_p, 0)
+    into, out_of = moves or (max(target_p - cur_p, 0), max(cur_p - target_p, 0))
     changes = into + out_of
     steps = max(math.ceil(changes / max(pol.max_changes_per_cycle, 1)), 1)
     ttft_cap = pol.ttft_p95_ms / 1000.0

@@ -163,7 +163,8 @@ def _verdict(d, obs, gv, sv, ch) -> str:
         if d.reason == "policy-bound":
             why = "policy bounds require it"
         elif d.reason == "continue-move":
-            why = (f"finish the move: {gv.detail}; score {_score(gv.target_score)} vs "
+            what = "extend the move" if gv.move_verdict == "extend" else "finish the move"
+            why = (f"{what}: {gv.detail}; score {_score(gv.target_score)} vs "
                    f"{_score(gv.hold_score)} holding")
         else:
             # Both figures are predictions at the planned load (the target's and the

@@ -290,7 +290,13 @@ def plan_model(
             f"(max {limit} into or out of prefill per cycle"
             + (", raised for overload" if overload else "") + ")"
         )
-    if gv.reason != "continue-move" or inp.memory is None:
+    if gv.move_verdict == "extend" and inp.memory is not None:
+        # The same move taken further: its origin, decision time and load stay.
+        mem = inp.memory
+        rec.memory = replace(mem, target_prefill=target_p, target_layout=target.layout,
+                             steps_total=max(math.ceil(abs(target_p - mem.origin_prefill)
+                                                       / max(mem.step_limit, 1)), 1))
+    elif gv.reason != "continue-move" or inp.memory is None:
         rec.memory = _memory_for(inp, obs, target_p, target.layout, now)
     changes = [RoleChange(x.id, x.name, x.node, x.role, r) for x, r in take]
     return decision("change", gv.reason, target=target, step=step, changes=changes,

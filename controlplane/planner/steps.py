@@ -16,10 +16,12 @@ from controlplane.policies.effective import EffectivePolicy
 from .costmodel import Prediction, Workload
 from .dwell import (  # noqa: F401 - re-exported
     cooldown_waiver,
+    extends_move,
     load_shift,
     measured_breach,
     next_mix,
     pick_paying,
+    prefill_moves,
     price_move,
     turn_back_margin,
 )
@@ -425,7 +427,7 @@ def gate(inp: ModelInput, obs: Observation, cv: CandidateVerdict, ch: ChoiceVerd
         gain = sum(wt * (predict(inp, p, w, topo).goodput_rps - r.goodput_rps)
                    for (wt, w), r in zip(mix_w, ref_mix or [], strict=False))
         return price_move(inp, regime, inp.regime, now, cur_p, p, tn, tp, ref_now, ref_plan,
-                          (gain, len(mix_w), mix_basis), breach)
+                          (gain, len(mix_w), mix_basis), breach, prefill_moves(inp, topo, p))
 
     def priced(gv: GateVerdict, p: int, others: bool = False) -> tuple[GateVerdict, int]:
         """The move priced (dwell.price_move); with ``others`` (a fresh choice, no measured
@@ -462,6 +464,22 @@ def gate(inp: ModelInput, obs: Observation, cv: CandidateVerdict, ch: ChoiceVerd
                            gain_now=gv.gain_now, gain_plan=gv.gain_plan,
                            target_score=gv.target_score, price=pr, **base), p
 
+    extend = extends_move(mem, cur_p, ch.best_prefill, moved, regime)
+    if extend:
+        # The best layout lies past the last move's target, in its direction, and the load
+        # is still the regime it was decided in: the same move, taken further (its origin,
+        # decision time and the dwell rule's way back stay), not a second move.
+        target = ch.best_prefill
+        not_worse, g_now, g_plan = worth(target)
+        if not_worse and (g_now or g_plan):
+            done = "under way" if move is not None else "done"
+            return priced(GateVerdict(
+                "go", "continue-move", move_verdict="extend",
+                detail=f"{mem.origin_layout} → {mem.target_layout} ({done}, decided "
+                       f"{now - mem.decided_at:,.0f} s ago in this load regime: the load "
+                       f"moved {shift:.0%} since, within the {margin:.0%} margin) goes on to "
+                       f"{ch.best_layout}, the best for this load: one move, not a second",
+                gain_now=g_now, gain_plan=g_plan, target_score=score(target), **base), target)
     if move is not None and (ch.best_prefill == move.target_prefill or not moved):
         # A move under way, load as when it was decided: finish it unless its target is now
         # predicted worse than staying put; then hold (rolling back within the dwell window

@@ -391,6 +391,18 @@ def reversals(log: list[dict]) -> list[str]:
     return out
 
 
+def new_moves_per_phase(log: list[dict]) -> dict[str, list[str]]:
+    """Per phase, the decisions that started a move (a new target: not a step of a move
+    under way, nor one carried on past its target in the same load regime)."""
+    out: dict[str, list[str]] = {}
+    for e in log:
+        if e["action"] == "change" and e["reason"] in ("better-layout", "roll-back",
+                                                        "policy-bound"):
+            out.setdefault(e["phase"], []).append(
+                f"{e['t']:.0f}s {e['reason']} {e['label']} → {e['target']}")
+    return out
+
+
 def moves(log: list[dict]) -> list[str]:
     return [f"{e['t']:.0f}s {e['phase']}: {e['reason']} {e['label']} → {e['target']}"
             for e in log if e["action"] == "change"]
@@ -400,11 +412,15 @@ def moves(log: list[dict]) -> list[str]:
 def test_the_demo_never_reverses_within_a_phase(model):
     """The launcher's own mix (RAG: 5 req/s of 10,000-word prompts to the 70B model), two
     shortened cycles of chat → RAG → quiet: the 70B model splits in the first RAG phase and
-    never reverses within a phase; the 8B model (chat and quiet only, idle through RAG)
-    never moves; no move toward a target predicted worse than holding."""
+    never reverses within a phase nor starts a second move in one; the 8B model (chat and
+    quiet only, idle through RAG) never moves; no move toward a target predicted worse than
+    holding."""
     log = run_demo_model(model)
     assert log, "the planner never ran"
     assert not reversals(log), "\n".join(moves(log))
+    # At most one move per phase (a move may take several steps, and may be carried on
+    # past its first target while the load stays in the regime it was decided in).
+    assert all(len(v) <= 1 for v in new_moves_per_phase(log).values()), "\n".join(moves(log))
     # Every move is toward a target the cost model scores at least as well as holding.
     assert not [e for e in log if e["worse"]], "\n".join(moves(log))
     if model == "llama-3.1-8b":
