@@ -258,7 +258,7 @@ class Gateway(AdminAPI, PrefixKnowledge, RequestDriver):
         while True:
             try:
                 plan = plan_request(model, prompt["tokens"], prompt["cached"], self.loads,
-                                    self.rng, exclude, inflow)
+                                    self.rng, exclude, inflow, now)
             except NoWorkerError as exc:
                 counted.errors["no_worker"].inc()
                 return self._reject(503, str(exc), model.name, endpoint,

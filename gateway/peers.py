@@ -139,11 +139,15 @@ class PeerBus:
 
     def apply(self, peer: int, message: list) -> None:
         kind = message[0]
-        self.last_heard[peer] = time.monotonic()
+        now = self.last_heard[peer] = time.monotonic()
         self.received += 1
         if kind == "load":
             worker, d_prefill, d_decode, d_in_flight = message[1:5]
             load = self.loads[worker]
+            # A sibling's booking starts an empty queue, its finished prefill starts the
+            # next one: the queue's start moves as for this process's own (gateway/load.py).
+            if d_prefill < 0 or (d_prefill > 0 and load.prefill_blocks <= 0):
+                load.prefill_since = now
             load.prefill_blocks = max(load.prefill_blocks + d_prefill, 0.0)
             load.decode_blocks = max(load.decode_blocks + d_decode, 0.0)
             load.in_flight = max(load.in_flight + d_in_flight, 0)

@@ -42,8 +42,9 @@ class Reservation:
     def __init__(self, gateway: RequestDriver, plan, prompt_tokens: int, output_tokens: int,
                  block_size: int, weight: float | None = None):
         self.gw = gateway
+        # On the clock plan_request's ``now`` is on (the queue drains: gateway/load.py).
         self.load = LoadReservation(gateway.loads, plan, prompt_tokens, output_tokens,
-                                    block_size, weight)
+                                    block_size, weight, time.monotonic())
         self._gauge(plan.decode)
         if gateway.peers is not None:  # sibling gateway processes see it too
             (prefill_worker, prefill_blocks), (decode_worker, decode_blocks) = (
@@ -56,7 +57,7 @@ class Reservation:
 
     def prefill_done(self) -> None:
         held = self.load.prefill
-        self.load.prefill_done()
+        self.load.prefill_done(time.monotonic())
         if held is not None and self.gw.peers is not None:
             self.gw.peers.load(held[0], -held[1], 0.0, 0)
 

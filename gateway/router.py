@@ -75,11 +75,17 @@ from __future__ import annotations
 
 import math
 import random
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+# WorkerLoad, LoadReservation and stall_weight live in gateway/load.py (the load booked per
+# worker) and are imported from here as before.
+from .load import LoadReservation, WorkerLoad, stall_weight
 from .table import ModelRoute, WorkerEntry
+
+__all__ = ["AffinityBound", "LoadReservation", "NoWorkerError", "RoutePlan", "Scored",
+           "WorkerLoad", "blocks_for", "cost_of", "follow_prefix", "pick", "plan_request",
+           "stall_weight", "transfer_penalty"]
 
 # KV-transfer penalty: request_blocks × TRANSFER_WEIGHT × clamp(REF_GBPS / link_gbps).
 # At the reference speed (400 Gb/s RDMA) a transfer costs a tenth of the prompt's blocks;
@@ -87,23 +93,6 @@ from .table import ModelRoute, WorkerEntry
 REF_GBPS = 400.0
 TRANSFER_WEIGHT = 0.1
 UNKNOWN_PATH_GBPS = 10.0
-
-
-@dataclass
-class WorkerLoad:
-    """What the gateway has in flight on a worker, in KV blocks of the model's routing size."""
-
-    prefill_blocks: float = 0.0
-    decode_blocks: float = 0.0
-    in_flight: int = 0
-    # This process's own requests here and the sum of their stall weights (see
-    # :func:`stall_weight`). Kept per process (sibling gateways share only the three above):
-    # the cost uses their mean, times ``in_flight``.
-    own_requests: int = 0
-    stall_weight_sum: float = 0.0
-
-    def mean_stall_weight(self, default: float = 1.0) -> float:
-        return self.stall_weight_sum / self.own_requests if self.own_requests > 0 else default
 
 
 @dataclass(frozen=True)
@@ -139,23 +128,6 @@ class NoWorkerError(LookupError):
 
 def blocks_for(tokens: int, block_size: int) -> int:
     return max(math.ceil(tokens / max(block_size, 1)), 0)
-
-
-def stall_weight(output_tokens: int, ttft_itl_ratio: float) -> float:
-    """How much a stall of one unit of time to a request in flight counts against the same
-    time added to a new request's own wait: ``min(1, ttft_itl_ratio / output_tokens)``.
-
-    SLOs judge the first token against a TTFT target and the decode by its mean ITL against
-    an ITL target. A stall of *s* raises a request's mean ITL by *s* / its output tokens;
-    measured against the targets that is (s / output) / ITL target, against s / TTFT target
-    for a wait — a ratio of ``ttft_itl_ratio / output`` (TTFT target ÷ ITL target). A long
-    answer absorbs a stall that would sink a short one. Never more than 1: a stall also
-    delays that request's end by *s*, no more than the same wait delays the new one's start
-    (and 1 is the form measured before, issue 18). ``ttft_itl_ratio`` 0 (absent from the
-    table): 1, every stall in full."""
-    if ttft_itl_ratio <= 0:
-        return 1.0
-    return min(1.0, ttft_itl_ratio / max(output_tokens, 1))
 
 
 def cost_of(
@@ -247,11 +219,13 @@ class AffinityBound:
     blocks), and its KV blocks in use at most ``kv_limit`` of its capacity (``capacity``:
     worker id → KV blocks; unknown or 0 = no bound). Means scale with the fleet and with its
     pressure, so under overload a prefix is still followed to a worker as busy as the rest
-    but not to one far busier. ``load_factor`` 0 turns the bound off."""
+    but not to one far busier. ``load_factor`` 0 turns the bound off. Queues are read at
+    ``now`` (:meth:`WorkerLoad.queued_at`: drained by what each worker has computed since)."""
 
     load_factor: float = 1.5
     kv_limit: float = 0.9
     capacity: Mapping[str, float] = field(default_factory=dict)
+    now: float | None = None
 
     def admits(self, s: Scored, loads: Mapping[str, WorkerLoad], mean_in_flight: float,
                mean_queue: float, request_blocks: float) -> bool:
@@ -260,7 +234,7 @@ class AffinityBound:
         load = loads.get(s.worker_id, _NO_LOAD)
         if load.in_flight > self.load_factor * mean_in_flight + 1:
             return False
-        if load.prefill_blocks > self.load_factor * mean_queue + request_blocks:
+        if load.queued_at(self.now) > self.load_factor * mean_queue + request_blocks:
             return False
         cap = self.capacity.get(s.worker_id, 0.0)
         return not (cap > 0 and self.kv_limit > 0 and load.decode_blocks > self.kv_limit * cap)
@@ -292,7 +266,7 @@ def follow_prefix(
         return None
     if bound is not None:
         mean_in_flight = sum(in_flight) / len(scores)
-        mean_queue = sum(loads.get(s.worker_id, _NO_LOAD).prefill_blocks
+        mean_queue = sum(loads.get(s.worker_id, _NO_LOAD).queued_at(bound.now)
                          for s in scores) / len(scores)
         holders = [s for s in holders
                    if bound.admits(s, loads, mean_in_flight, mean_queue, request_blocks)]
@@ -301,78 +275,6 @@ def follow_prefix(
     best = max(match_ratio.get(s.worker_id, 0.0) for s in holders)
     holders = [s for s in holders if match_ratio.get(s.worker_id, 0.0) >= best - 1e-9]
     return min(holders, key=lambda s: s.cost)
-
-
-class LoadReservation:
-    """The load one routed request puts on workers, as the gateway keeps it, released once.
-
-    At dispatch the prefill worker (the decode worker when it prefills locally) gets the
-    prompt's uncached blocks as queued prefill, and the decode worker the KV the request
-    adds there: its uncached prompt blocks (cached ones are shared by prefix caching; with
-    remote prefill all arrive by transfer) plus its output. :meth:`prefill_done` when the
-    prompt is computed (remote prefill answered, or the first token), :meth:`release` when
-    the request ends in any way. The decode worker also counts the request among its own
-    with its :func:`stall_weight` (from its output tokens and the plan's
-    ``ttft_itl_ratio``), or ``weight`` when given (an expected weight for an answer of
-    unknown length: :class:`gateway.answer_lengths.AnswerLengths`)."""
-
-    __slots__ = ("decode", "loads", "prefill", "weight")
-
-    def __init__(self, loads: defaultdict[str, WorkerLoad], plan: RoutePlan, prompt_tokens: int,
-                 output_tokens: int, block_size: int, weight: float | None = None) -> None:
-        # blocks_for inlined (no calls on the hot path): for non-negative ints -(-t // bs)
-        # is ceil(t / bs); a count <= 0 is 0 blocks. Likewise max(x, 0) below.
-        self.loads = loads
-        bs = block_size if block_size > 1 else 1
-        cached, decode = plan.cached_tokens, plan.decode
-        prefill = plan.prefill or decode
-        uncached = -((cached - prompt_tokens) // bs) if prompt_tokens > cached else 0
-        added = (-(-prompt_tokens // bs) if prompt_tokens > 0 else 0) - (
-            0 if plan.prefill or cached <= 0 else -(-cached // bs))
-        added = (added if added > 0 else 0) + (
-            -(-output_tokens // bs) if output_tokens > 0 else 0)
-        self.prefill: tuple[str, float] | None = (prefill, uncached)
-        self.decode: tuple[str, float] | None = (decode, added)
-        loads[prefill].prefill_blocks += uncached
-        load = loads[decode]
-        load.decode_blocks += added
-        load.in_flight += 1
-        if weight is None:
-            weight = stall_weight(output_tokens, plan.ttft_itl_ratio)
-        self.weight = weight
-        load.own_requests += 1
-        load.stall_weight_sum += weight
-
-    def reweight(self, weight: float) -> None:
-        """A better estimate of the request's stall weight while it is in flight (e.g. from
-        a stream's progress: :meth:`gateway.answer_lengths.AnswerLengths.weight_after`)."""
-        if self.decode is not None:
-            load = self.loads[self.decode[0]]
-            total = load.stall_weight_sum + weight - self.weight
-            load.stall_weight_sum = total if total > 0.0 else 0.0
-        self.weight = weight
-
-    def prefill_done(self) -> None:
-        held = self.prefill
-        if held is not None:
-            load = self.loads[held[0]]
-            blocks = load.prefill_blocks - held[1]
-            load.prefill_blocks = 0.0 if blocks < 0.0 else blocks
-            self.prefill = None
-
-    def release(self) -> None:
-        if self.prefill is not None:
-            self.prefill_done()
-        held = self.decode
-        if held is not None:
-            load = self.loads[held[0]]
-            blocks, n = load.decode_blocks - held[1], load.in_flight - 1
-            load.decode_blocks = 0.0 if blocks < 0.0 else blocks
-            load.in_flight = 0 if n < 0 else n
-            own, weights = load.own_requests - 1, load.stall_weight_sum - self.weight
-            load.own_requests = own if own > 0 else 0
-            load.stall_weight_sum = (0.0 if weights < 0.0 else weights) if own > 0 else 0.0
-            self.decode = None
 
 
 def transfer_penalty(request_blocks: float, src: WorkerEntry, dst_id: str) -> float:
@@ -407,14 +309,14 @@ def _score(model: ModelRoute, workers: Sequence[WorkerEntry], loads: Mapping[str
 def _choose(model: ModelRoute, scores: list[Scored], active: Sequence[WorkerEntry],
             loads: Mapping[str, WorkerLoad], request_blocks: int, prompt_tokens: int,
             cached_tokens: Mapping[str, int], rng: random.Random,
-            inflow: Mapping[str, float] | None) -> tuple[Scored, bool]:
+            inflow: Mapping[str, float] | None, now: float | None) -> tuple[Scored, bool]:
     """(chosen, by prefix affinity?): the prefix rule, else the cost (:func:`pick`)."""
     if len(scores) > 1:  # one candidate: no prefix to follow, pick draws no random number
         ratios = {w: min(t, prompt_tokens) / prompt_tokens
                   for w, t in cached_tokens.items()} if prompt_tokens > 0 else {}
         bs = model.block_size
         bound = AffinityBound(model.affinity_load_factor, model.affinity_kv_limit,
-                              {w.id: w.kv_tokens / bs for w in active if w.kv_tokens > 0})
+                              {w.id: w.kv_tokens / bs for w in active if w.kv_tokens > 0}, now)
         followed = follow_prefix(scores, ratios, loads, min_match=model.prefix_min_match,
                                  imbalance_abs=model.imbalance_abs,
                                  imbalance_rel=model.imbalance_rel, bound=bound,
@@ -432,10 +334,12 @@ def plan_request(
     rng: random.Random,
     exclude: frozenset[str] | set[str] = frozenset(),
     inflow: Mapping[str, float] | None = None,
+    now: float | None = None,
 ) -> RoutePlan:
     """Decide where one request goes. ``cached_tokens`` maps worker id → tokens of this
     prompt it is believed to hold; ``exclude`` lists workers that already failed it;
-    ``inflow`` the new KV each worker took lately (see :func:`pick`).
+    ``inflow`` the new KV each worker took lately (see :func:`pick`); ``now`` the clock the
+    loads were booked on (the affinity bound reads queues drained to it, gateway/load.py).
 
     On every request's path: no closures and nothing built that one candidate does not
     need (issue 19, docs/benchmarks.md)."""
@@ -467,7 +371,7 @@ def plan_request(
         if len(pool) == 1 and decoders:
             reason = "only_candidate"
         scores = _score(model, pool, *context, stall_floor, fleet_weight)
-        chosen, followed = _choose(model, scores, active, *context, rng, inflow)
+        chosen, followed = _choose(model, scores, active, *context, rng, inflow, now)
         if followed:
             reason = "kv_prefix"
         return _plan(model, chosen.worker_id, None, reason,
@@ -479,7 +383,7 @@ def plan_request(
     decode_scores = _score(model, decoders, *context, stall_floor if conditional else None,
                            fleet_weight, use_cache=conditional)
     if conditional:
-        decode, _ = _choose(model, decode_scores, active, *context, rng, inflow)
+        decode, _ = _choose(model, decode_scores, active, *context, rng, inflow, now)
         if prompt_tokens - min(cached_tokens.get(decode.worker_id, 0), prompt_tokens) > (
             model.local_prefill_max_tokens
         ):

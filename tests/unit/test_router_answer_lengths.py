@@ -242,9 +242,10 @@ def test_sim_gateway_router_learns_answer_lengths_from_finished_requests():
     booked = []
     real = LoadReservation.__init__
 
-    def spy(self, loads, plan, prompt_tokens, output_tokens, block_size, weight=None):
+    def spy(self, loads, plan, prompt_tokens, output_tokens, block_size, weight=None,
+            now=None):
         booked.append((output_tokens, weight))
-        real(self, loads, plan, prompt_tokens, output_tokens, block_size, weight)
+        real(self, loads, plan, prompt_tokens, output_tokens, block_size, weight, now)
 
     LoadReservation.__init__ = spy
     try:

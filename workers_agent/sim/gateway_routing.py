@@ -115,6 +115,7 @@ class GatewayRouter:
     def __call__(self, req: RoutingRequest, fleet) -> Route | None:
         model = self._model_route(fleet)
         now = fleet.now
+        self._clock = fleet
         bs = model.block_size
         hashes = req.block_hashes
         cached = {w: n * bs for w, n in self.approx.match(model.name, hashes, now).items()}
@@ -131,13 +132,13 @@ class GatewayRouter:
             self._follow_streams(model, fleet)
         try:
             plan = plan_request(model, req.prompt_tokens, cached, self.loads, self.rng,
-                                inflow=inflow)
+                                inflow=inflow, now=now)
         except NoWorkerError:
             return None
         self.decisions[plan.reason] += 1
         output, weight = self._answer(model, req, fleet)
         self._reservations[req.request_id] = LoadReservation(
-            self.loads, plan, req.prompt_tokens, output, bs, weight)
+            self.loads, plan, req.prompt_tokens, output, bs, weight, now)
         # Remembered at dispatch (requests sharing the prefix that arrive while this one
         # prefills should follow it), as the gateway does.
         self.approx.record(model.name, hashes, plan.decode, now)
@@ -155,7 +156,6 @@ class GatewayRouter:
         output = max_tokens or int(value) or DEFAULT_OUTPUT_TOKENS
         if not self.learn:
             return output, None
-        self._clock = fleet
         self._answer_of[req.request_id] = (req.prompt_tokens, req.output_tokens, fleet.now)
         return output, self.answer_lengths.dispatch_weight(
             model.name, req.prompt_tokens, max_tokens, model.ttft_itl_ratio, self.stream)
@@ -186,7 +186,7 @@ class GatewayRouter:
     def prefill_done(self, request_id: str) -> None:
         reservation = self._reservations.get(request_id)
         if reservation is not None:
-            reservation.prefill_done()
+            reservation.prefill_done(self._clock.now)
 
     def finished(self, request_id: str) -> None:
         reservation = self._reservations.pop(request_id, None)
