@@ -59,7 +59,6 @@ are generated Poisson: 1).
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import multiprocessing
@@ -75,6 +74,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 SHARED = ROOT.parent / "shared"
 
+from accuracy_measure import (  # noqa: E402  (re-exported for tests and other benches)
+    arrival_cv2,
+    burst_rate,
+    steady_share,
+    ttft_growth,
+    window_gaps,
+)
 from planner_quality import (  # noqa: E402
     CLUSTERS,
     MODEL,
@@ -157,6 +163,8 @@ def simulate(cluster: dict, wl, slo: dict, n_prefill: int, trace: bool = False) 
     uncached = [r.prompt_tokens - r.cached_tokens for r in late if r.error is None]
     growth, growth_rate = ttft_growth(late)
     cv2 = arrival_cv2(arrivals) if trace else 1.0
+    burst, cv2_in = (burst_rate([a for a in arrivals if a >= t0], slo["ttft_ms"] / 1000)
+                     if trace else (None, 1.0))
     t_end = arrivals[-1] if arrivals else 0.0
     gaps = {id(r): window_gaps(r, t0, t_end) for r in result.results}
     itl_window = [g for r in result.results for g in gaps[id(r)]]
@@ -181,66 +189,15 @@ def simulate(cluster: dict, wl, slo: dict, n_prefill: int, trace: bool = False) 
         "requests": len(late),
         # Burstiness of the arrivals: squared coefficient of variation of their gaps.
         "arrival_cv2": cv2,
+        # The rate a request sees around itself, over windows of the TTFT target (bursts),
+        # and the squared coefficient of variation of the gaps inside those windows.
+        "burst_rate_rps": burst,
+        "burst_cv2": cv2_in,
         # Share of requests the gateway's router placed by prefix affinity ("kv_prefix").
         "affinity_share": decisions.get("kv_prefix", 0) / routed if routed else 0.0,
         "ttft_growth_s": growth,
         "ttft_growth_rate": growth_rate,
     }
-
-
-def window_gaps(r, t0: float, t_end: float) -> list[float]:
-    """The token gaps of ``r`` that end inside the measured window [t0, last arrival]: the
-    steady state. After the last arrival no prompt is prefilled any more, so gaps in the
-    drain are all pure decode steps (a run of long answers has most of its gaps there)."""
-    if r.first_token_time is None:
-        return []
-    out, t = [], r.first_token_time
-    for g in r.itls:
-        t += g
-        if t > t_end:
-            break
-        if t >= t0:
-            out.append(g)
-    return out
-
-
-def steady_share(late, gaps: dict, ttft_s: float, itl_s: float) -> float:
-    """Share of the measured requests within both targets: TTFT, and the mean of the token
-    gaps each had inside the window (all its gaps when none fell inside)."""
-    if not late:
-        return 0.0
-    ok = 0
-    for r in late:
-        if r.error is not None or r.ttft is None or r.ttft > ttft_s:
-            continue
-        mine = gaps[id(r)] or list(r.itls)
-        if not mine or statistics.fmean(mine) <= itl_s:
-            ok += 1
-    return ok / len(late)
-
-
-def arrival_cv2(arrivals: list[float]) -> float:
-    """Burstiness of a trace's arrivals: the squared coefficient of variation of the gaps
-    between them (1 for Poisson). The scenario workloads are generated Poisson, so they get
-    1 exactly rather than a noisy estimate from a few dozen gaps."""
-    gaps = [b - a for a, b in itertools.pairwise(sorted(arrivals))]
-    mean = statistics.fmean(gaps) if len(gaps) > 1 else 0.0
-    return statistics.pvariance(gaps) / mean ** 2 if mean > 0 else 1.0
-
-
-def ttft_growth(results) -> tuple[float, float]:
-    """(TTFT growth across the measured window in seconds, its rate in seconds per second):
-    the mean TTFT of the last quarter of the measured arrivals minus that of the first,
-    and that over the time between the two quarters' mean arrivals. A stable queue's TTFT
-    does not trend; an unstable one's grows at about ρ − 1 seconds per second."""
-    got = sorted((r.arrival, r.ttft) for r in results if r.ttft is not None)
-    q = len(got) // 4
-    if q < 2:
-        return 0.0, 0.0
-    head, tail = got[:q], got[-q:]
-    growth = statistics.fmean(t for _a, t in tail) - statistics.fmean(t for _a, t in head)
-    elapsed = statistics.fmean(a for a, _t in tail) - statistics.fmean(a for a, _t in head)
-    return growth, growth / elapsed if elapsed > 0 else 0.0
 
 
 GROWTH_RATE = 0.1  # s/s: an unstable queue at ρ ≳ 1.1
@@ -271,9 +228,12 @@ def predict_cell(cluster: dict, slo: dict, stats: dict, n_prefill: int) -> dict:
     # Workload statistics the cost model takes beyond LoadInput's (a model version that
     # lacks a field simply does not get it: the benchmark also scores older versions).
     known = {f.name for f in fields(workload)}
-    extra = {"arrival_cv2": stats.get("arrival_cv2", 1.0),
+    # With the burst rate known, the gap SCV the queue sees is the one inside a burst.
+    burst = stats.get("burst_rate_rps")
+    extra = {"arrival_cv2": stats.get("burst_cv2" if burst else "arrival_cv2", 1.0),
              "uncached_p95": stats.get("uncached_p95"),
-             "affinity_share": stats.get("affinity_share")}
+             "affinity_share": stats.get("affinity_share"),
+             "burst_rate_rps": stats.get("burst_rate_rps")}
     workload = replace(workload, **{k: v for k, v in extra.items() if k in known})
     p = predict(inp, n_prefill, workload, Topology(workers, links))
     return {"ttft_p95_s": None if math.isinf(p.ttft_p95_s) else p.ttft_p95_s,
@@ -360,22 +320,36 @@ def quantile(xs: list[float], q: float) -> float | None:
     return percentile(xs, q) if xs else None
 
 
-def _sim_key(c: dict) -> tuple:
+def _sim_key(c: dict, headroom: bool = False) -> tuple:
     # Goodput in steady state: an overloaded run serves ~nothing in the long run, however
     # much its finite window served; among those, the one whose TTFT grew least is closest:
     # by its growth rate (s/s, ≈ ρ − 1), not its p95, which grows with the run's length
     # (a lengthened run, see _job, would rank below a short one for its length alone).
+    # Goodput is counted in requests within targets over the run (its resolution: one
+    # request), so the model's is too (_pred_key).
     sim = c["sim"]
     if c["sim_overloaded"]:
         return (0.0, -round(sim.get("ttft_growth_rate", 0.0), 2))
-    return (round(sim["goodput_rps"], 4), 0.0)
+    if headroom:
+        return (round(sim["goodput_rps"], 4), 0.0)
+    return (round(sim["share"] * sim["requests"]), 0.0)
 
 
-def _pred_key(c: dict) -> tuple:
-    # The planner's own order: goodput, then the rate at which the layout saturates.
+def _pred_key(c: dict, headroom: bool = False) -> tuple:
+    # The planner's order: goodput, then the rate at which the layout saturates. Scored at
+    # the run's resolution: goodput as the requests of this run predicted within targets
+    # (a run cannot tell layouts apart by less than one request: three H200 layouts at
+    # ×0.5 serve all 150, and ordering them by predicted headroom or by 1e-5 of share
+    # scored 0.775), the saturation rate only among layouts called overloaded (which rank
+    # below the stable ones, as overloaded runs do). ``headroom``: the sixth pass's key,
+    # goodput to 4 decimals, then the saturation rate everywhere (``rank_corr_min_headroom``).
     pred = c["pred"]
     cap = pred["capacity_rps"] if pred["capacity_rps"] is not None else math.inf
-    return (round(pred["goodput_rps"], 4), float(f"{cap:.2g}") if cap > 0 else 0.0)
+    if headroom:
+        return (round(pred["goodput_rps"], 4), float(f"{cap:.2g}") if cap > 0 else 0.0)
+    if pred["overloaded"]:
+        return (0.0, -1.0 / float(f"{cap:.2g}") if 0 < cap < math.inf else -math.inf)
+    return (round(pred["share"] * c["sim"]["requests"]), 0.0)
 
 
 def summarise(cells: list[dict]) -> dict:
@@ -406,7 +380,7 @@ def summarise(cells: list[dict]) -> dict:
                 if pred[k] and sim[k]:
                     factors.append(sim[k] / pred[k])
         cases.setdefault((c["cluster"], c["workload"], c["load"]), []).append(c)
-    corrs, ties, cut = {}, [], []
+    corrs, ties, cut, old = {}, [], [], {}
     for key, cs in cases.items():
         name = "/".join(map(str, key))
         if any(x["censored"] for x in cs):  # a transient has no steady-state rank
@@ -417,6 +391,8 @@ def summarise(cells: list[dict]) -> dict:
             ties.append(name)
         else:
             corrs[name] = round(r, 3)
+            old[name] = spearman([_pred_key(x, True) for x in cs],
+                                 [_sim_key(x, True) for x in cs])
     agree = confusion["both_stable"] + confusion["both_overloaded"]
     return {
         "cells": len(cells),
@@ -436,6 +412,7 @@ def summarise(cells: list[dict]) -> dict:
         "rank_corr_censored_cases": cut,
         "overload_confusion": confusion,
         "rank_corr_min": min(corrs.values()) if corrs else None,
+        "rank_corr_min_headroom": round(min(old.values()), 3) if old else None,
         "rank_corr_cases": len(corrs),
         "rank_corr_tied_cases": ties,
         "rank_corr": corrs,

@@ -363,6 +363,11 @@ class Workload:
     # not in the prefill pool (policy ``local_prefill_max_tokens``); 0 = every prompt goes
     # to the prefill pool (``disaggregated`` mode).
     local_prefill_max_tokens: int = 0
+    # The arrival rate a request sees around itself (bursts): Σ n(n − 1) ÷ (Δ Σ n) over
+    # windows of Δ = the TTFT target, n the arrivals in each (the mean rate for Poisson
+    # arrivals; on/off traffic, e.g. Azure code, 10–20× it). None: the mean rate. With it,
+    # ``arrival_cv2`` is the SCV of the gaps within a window (see dispatch.with_bursts).
+    burst_rate_rps: float | None = None
 
     @property
     def uncached_mean(self) -> float:

@@ -116,3 +116,140 @@ def mixture_p95(fixed: list[float], wait_over, wait_p95: float = 0.0) -> float:
         else:
             hi = mid
     return hi
+
+
+def normal_cdf(z: float) -> float:
+    return 0.5 * math.erfc(-z / math.sqrt(2.0))
+
+
+STALL_GRID = 64  # grid cells over the stall budget
+STALL_MAX_COUNT = 12.0  # beyond this many expected stalls the normal (CLT) form is used
+
+
+def busy_stall_share(target: float, base: float, base_sd: float, steps: float,
+                     rate: float, jumps: list[float]) -> float | None:
+    """P(a request's mean token gap ≤ ``target``) when its gaps are ``base`` (± ``base_sd``,
+    normal: the batch's fluctuation) plus the stalls of the prompts prefilled beside it.
+
+    Its decode life is a busy period started by its own work τ = ``steps`` × ``base``:
+    prompts arrive at ``rate`` (Poisson), each adds a stall of one of the equally likely
+    ``jumps`` (seconds beyond the pure steps), and a stall lengthens the life, so more
+    prompts arrive. The total stall S has Takács's law: for n prompts of total stall y,
+    P(S ∈ dy, n) = τ ÷ (τ + y) × Poisson(n; rate (τ + y)) × P(X₁ + … + Xₙ ∈ dy). The mean gap
+    is base + S ÷ steps. Computed on a grid of :data:`STALL_GRID` cells when stalls are few
+    (a handful of large jumps: most requests see none, a few see one — far from normal);
+    None when the expected count exceeds :data:`STALL_MAX_COUNT` (the caller's normal form
+    of the same law, mean and Takács variance, is then accurate)."""
+    steps = max(steps, 1.0)
+    tau = max(base, 0.0) * steps
+    if tau <= 0 or rate < 0 or not jumps:
+        return None
+    # A prompt that stalls nothing (prefilled elsewhere) is no arrival here.
+    positive = [x for x in jumps if x > 0]
+    rate *= len(positive) / len(jumps)
+    jumps = positive or [0.0]
+    sd_span = 4.0 * max(base_sd, 0.0) * steps
+    top = (target - base) * steps + sd_span  # stall beyond which the share is ~0
+    if top <= 0:
+        return 0.0
+    if rate * (tau + top) > STALL_MAX_COUNT:
+        return None
+    h = top / STALL_GRID
+    # Each jump's mass is split between the two grid cells around it, in the proportions
+    # that keep its mean exact (rounding every jump the same way would shift a sum of n).
+    per = 1.0 / len(jumps)
+    moves: dict[int, float] = {}
+    for x in jumps:
+        lo = int(x // h)
+        frac = x / h - lo
+        for cell, share in ((lo, 1.0 - frac), (lo + 1, frac)):
+            if share > 0 and cell <= STALL_GRID:
+                moves[cell] = moves.get(cell, 0.0) + per * share
+    if rate > 0 and moves.get(0, 0.0) > 0.5 * per:
+        return None  # stalls too small to resolve on the grid: the normal form is better
+    # The share of a jump that fell in cell 0 stalls nothing on the grid: those arrivals
+    # are thinned out (a thinned Poisson stream is Poisson at the lower rate).
+    kept = 1.0 - moves.pop(0, 0.0)
+    rate *= kept
+    moves = {c: m / kept for c, m in moves.items()}
+
+    def within(y: float) -> float:
+        slack = target - base - y / steps
+        if base_sd <= 0:
+            return 1.0 if slack >= -1e-12 else 0.0
+        return normal_cdf(slack / base_sd)
+
+    dist = {0: 1.0}  # P(X₁ + … + Xₙ = cell × h, the sum still on the grid), n = 0
+    total = 0.0
+    n = 0
+    while dist:
+        for cell, mass in dist.items():
+            y = cell * h
+            lam = rate * (tau + y)
+            poisson = math.exp(-lam + n * math.log(lam) - math.lgamma(n + 1)) if lam > 0 else (
+                1.0 if n == 0 else 0.0)
+            total += tau / (tau + y) * poisson * mass * within(y)
+        nxt: dict[int, float] = {}
+        for cell, mass in dist.items():
+            for c, p in moves.items():
+                k = cell + c
+                if k <= STALL_GRID:
+                    nxt[k] = nxt.get(k, 0.0) + mass * p
+        dist = nxt
+        n += 1
+    return _clamp(total, 0.0, 1.0)
+
+
+def miss_mixture(isl_pts: tuple[float, ...], hit: float, uncached_p95: float,
+                 isl_p95: float) -> list[tuple[float, float]] | None:
+    """(uncached, cached) tokens of the quantile prompts when the p95 of uncached tokens is
+    a whole p95 prompt: the tail prompts miss the cache in full. A hit is per request (its
+    prefix is cached where it lands, or not), so the prompts split into misses and hits,
+    not a smooth spread around the mean share (a lognormal fitted to the uncached mean and
+    p95 puts some prompts *below* any hit: 32k-token prompts with a 20 % shared prefix,
+    uncached 21k–32k where every request computes 25.6k or 32k). The longest point misses
+    (one in eight, the fewest misses the points resolve, and ≥ 5 % as the p95 says); the
+    others hit the share that keeps the mean hit. None when that is not the case or the
+    shares do not work out (then the caller's fit stands)."""
+    if not isl_pts or uncached_p95 < 0.99 * isl_p95 or not 0 < hit < 1:
+        return None
+    total = sum(isl_pts)
+    longest = max(range(len(isl_pts)), key=lambda i: (isl_pts[i], i))
+    rest = total - isl_pts[longest]
+    if rest <= 0:
+        return None
+    h = 1.0 - ((1.0 - hit) * total - isl_pts[longest]) / rest
+    if not 0.0 <= h < 1.0:
+        return None
+    return [(x, 0.0) if i == longest else (x * (1.0 - h), x * h) for i, x in enumerate(isl_pts)]
+
+
+def balanced_victims(batch: float, workers: int) -> float:
+    """Decoding sequences a prompt stalls when dispatch sends it to the least-loaded of
+    ``workers`` workers, ``batch`` decoding each on average: the pool's decoders D are a
+    Poisson count (mean workers × batch), and balanced dispatch puts the prompt beside the
+    fewest, ⌊D ÷ workers⌋ (perfect balance; random placement would give ``batch``).
+    E⌊D/c⌋ = Σₖ P(D ≥ k c): exact Poisson tails up to a mean of 50, the normal form above,
+    and once D spreads over many multiples of c its remainder is uniform: μ/c − (c − 1)/2c."""
+    c = max(int(workers), 1)
+    mu = max(batch, 0.0) * c
+    if c == 1 or mu <= 0:
+        return max(batch, 0.0)
+    sd = math.sqrt(mu)
+    if sd > 4 * c:
+        return min(max(mu / c - (c - 1) / (2 * c), 0.0), batch)
+    k_lo = max(1, int((mu - 10.0 * sd - 10.0) // c))
+    out = float(k_lo - 1)  # P(D ≥ k c) = 1 to many decimals below k_lo
+    k = k_lo
+    while k * c <= mu + 10.0 * sd + 10.0:
+        if mu > 50:
+            tail = normal_tail((k * c - 0.5 - mu) / sd)
+        else:  # P(D ≥ kc) = 1 − Σ_{j<kc} e^(−μ) μ^j / j!
+            term = total = math.exp(-mu)
+            for j in range(1, k * c):
+                term *= mu / j
+                total += term
+            tail = max(1.0 - total, 0.0)
+        out += tail
+        k += 1
+    return min(out, batch)

@@ -41,14 +41,26 @@ from .costmodel import (
     WorkerShape,
     Workload,
     _clamp,
-    affinity_share,
     effective_gbs,
     kv_capacity_tokens,
     layout_name,
     mgc_wait,
     transfer_time_s,
 )
-from .distributions import POINTS, Z95, length_points
+from .dispatch import (
+    dispatch_wait,
+    exposure,
+    p95_length,
+    points,
+    prompt_work,
+    tail_work,
+    with_bursts,
+)
+from .distributions import (
+    POINTS,
+    Z95,
+    busy_stall_share,
+)
 from .distributions import mixture_p95 as _mixture_p95
 from .distributions import normal_tail as _normal_tail
 from .distributions import wait_over as _wait_cdf_inv
@@ -94,39 +106,12 @@ def _overloaded(layout: str, np_: int, nd: int, w: Workload, util: float, where:
     return Prediction(**base)
 
 
-def _points(w: Workload) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """(prompt lengths, decode contexts) at the eight quantiles."""
-    isl = length_points(w.isl_mean, w.isl_p95, w.isl_p50)
-    osl = max(w.osl_mean, 0.0)
-    return isl, tuple(x + osl / 2.0 for x in isl)
-
-
-def _prompt_work(w: Workload, isl_pts: tuple[float, ...]) -> list[tuple[float, float]]:
-    """(uncached, cached) tokens of the eight quantile prompts. With the uncached p95 known
-    the uncached lengths get their own fit (paired in order with the prompt lengths: a long
-    prompt is not cached more); else each prompt hits the mean share."""
-    hit = _clamp(w.prefix_hit, 0.0, 1.0)
-    if not w.uncached_p95 or hit <= 0:
-        return [(x * (1 - hit), x * hit) for x in isl_pts]
-    unc = length_points(w.uncached_mean, min(w.uncached_p95, max(isl_pts)))
-    return [(min(u, x), max(x - u, 0.0)) for u, x in zip(unc, isl_pts, strict=True)]
-
-
-def _tail_work(w: Workload, p95_len: float) -> tuple[float, float]:
-    """(uncached, cached) tokens of the p95 prompt (see :func:`_prompt_work`)."""
-    hit = _clamp(w.prefix_hit, 0.0, 1.0)
-    if not w.uncached_p95 or hit <= 0:
-        return p95_len * (1 - hit), p95_len * hit
-    u = min(max(w.uncached_p95, p95_len * (1 - hit)), p95_len)
-    return u, p95_len - u
-
-
 def predict_aggregated(
     model: ModelSpec, shape: WorkerShape, workers: int, w: Workload,
     params: CostParams = DEFAULT_PARAMS,
 ) -> Prediction:
     """Every worker prefills (in chunks mixed into decode steps) and decodes."""
-    return _aggregated(model, shape, workers, w, params)[0]
+    return with_bursts(w, lambda x: _aggregated(model, shape, workers, x, params)[0])
 
 
 def _aggregated(
@@ -146,8 +131,8 @@ def _aggregated(
         return (_overloaded(name, 0, workers, w, math.inf, "weights do not fit", gpus,
                             fits=False), 0.0, 0.0)
     r = w.rate_rps / workers
-    isl_pts, ctx_pts = _points(w)
-    work = _prompt_work(w, isl_pts)
+    isl_pts, ctx_pts = points(w)
+    work = prompt_work(w, isl_pts)
     here = [remote_above is None or u <= remote_above for u, _c in work]
     # Prompts prefilled elsewhere do no prefill work here (their KV arrives whole).
     work = [(u, c) if h else (0.0, u + c) for (u, c), h in zip(work, here, strict=True)]
@@ -187,7 +172,8 @@ def _aggregated(
         pure = (1.0 - rho_p) / t_d
         f = mixed / (mixed + pure) if mixed + pure > 0 else 0.0
         mixed_mean = mean_s / mean_n if mean_n else t_d
-        itl_mean = (1 - f) * t_d + f * mixed_mean
+        seen = exposure(w, batch, workers, params)
+        itl_mean = t_d + seen * f * (mixed_mean - t_d)
         batch = r * w.osl_mean * itl_mean
     if len(services) != POINTS:  # stopped early (overloaded): price the quantiles anyway
         steps = [_chunk_steps(timing, batch, ctx, u, c, chunk) for u, c in work]
@@ -199,7 +185,10 @@ def _aggregated(
         mixed = r * mean_n
         pure = (1.0 - rho_p) / t_d
         f = mixed / (mixed + pure) if mixed + pure > 0 else 0.0
-        itl_mean = (1 - f) * t_d + f * (mean_s / mean_n)
+    seen = exposure(w, batch, workers, params)
+    f_gap = seen * f  # share of a request's token gaps that carry a chunk
+    if rho_p < 1 and mean_n:
+        itl_mean = t_d + f_gap * (mean_s / mean_n - t_d)
     mean_u = u_mean
     kv_need = batch * w.context_mean + rho_p * w.isl_mean
     kv_used = kv_need / cap_tokens
@@ -212,7 +201,7 @@ def _aggregated(
     k = params.ttft_factor
     var_s = sum((s - mean_s) ** 2 for s in services) / POINTS
     cv2 = var_s / mean_s ** 2 if mean_s > 0 else 0.0
-    over, wait_p95, queue_p95 = _dispatch_wait(w, mean_s, workers, cv2, params)
+    over, wait_p95, queue_p95 = dispatch_wait(w, mean_s, workers, cv2, params)
     # Nothing to prefill (every prompt fully cached, or no prompt at all): one point, the
     # first token is one decode step. Averaged over its own points, not over POINTS: a
     # one-point list divided by eight scored a no-prompt load 12.5 % within targets, and
@@ -220,8 +209,8 @@ def _aggregated(
     fixed = services if mean_u > 0 else [t_d]
     # Eight points resolve a queue's tail, not the p95 of the service itself: that is the
     # p95 prompt's own prefill (what sets TTFT p95 when nobody waits).
-    p95_len = _p95_length(w, isl_pts)
-    s95 = _chunked_service(timing, batch, ctx, *_tail_work(w, p95_len), chunk)
+    p95_len = p95_length(w, isl_pts)
+    s95 = _chunked_service(timing, batch, ctx, *tail_work(w, p95_len), chunk)
     if remote_above is not None:  # TTFT of the prompts prefilled here only
         fixed = [x for x, h in zip(services, here, strict=True) if h] or [t_d]
         s95 = 0.0
@@ -238,7 +227,7 @@ def _aggregated(
     p_ttft = sum(1.0 - over(slo_left - s) if s < slo_left else 0.0 for s in fixed) / len(fixed)
     # Token gaps: pure decode steps, and steps carrying a chunk of each quantile's prompt.
     n_all = sum(len(s) for s in steps) or 1
-    gaps = [(t_d, 1.0 - f)] + [(x, f / n_all) for mine in steps for x in mine]
+    gaps = [(t_d, 1.0 - f_gap)] + [(x, f_gap / n_all) for mine in steps for x in mine]
     jitter = _step_sd(timing, batch, ctx_pts)
     itl_p95 = (_weighted_quantile(gaps, 0.95) + Z95 * jitter) * params.itl_factor
     chunk_s = (mean_s / (n_all / POINTS) - t_d) if steps else 0.0
@@ -252,12 +241,17 @@ def _aggregated(
     sd_k = jitter * params.itl_factor
     n_out = max(w.osl_mean, 1.0)
     extra = [max(sum(x) - len(x) * t_d, 0.0) * params.itl_factor for x in steps]
-    rho_x = r * sum(extra) / POINTS / params.itl_factor
-    if f <= 0 or t_c_k <= 0 or rho_x >= 1:
+    r_seen = r * seen  # prompts prefilled beside a given decoding request, per second
+    rho_x = r_seen * sum(extra) / POINTS / params.itl_factor
+    exact = (busy_stall_share(w.itl_slo_s, t_d_k, sd_k, n_out, r_seen, extra)
+             if rho_x < 1 else None)
+    if f_gap <= 0 or t_c_k <= 0 or rho_x >= 1:
         p_itl = 1.0 - _normal_tail((w.itl_slo_s - t_d_k) / max(sd_k, 1e-9)) if rho_x < 1 else 0.0
+    elif exact is not None:  # few stalls: their skewed law, not its normal form (below)
+        p_itl = exact
     else:
-        mean_req = t_d_k + f * t_c_k
-        var_x = r * sum(x * x for x in extra) / POINTS * t_d / (n_out * (1 - rho_x) ** 3)
+        mean_req = t_d_k + f_gap * t_c_k
+        var_x = r_seen * sum(x * x for x in extra) / POINTS * t_d / (n_out * (1 - rho_x) ** 3)
         sd_req = math.sqrt(sd_k ** 2 + var_x)
         p_itl = 1.0 - _normal_tail((w.itl_slo_s - mean_req) / max(sd_req, 1e-9))
     risk = _preempt_risk(batch, ctx_pts, cap_tokens, rho_p * w.isl_mean)
@@ -275,31 +269,6 @@ def _aggregated(
     ), p_ttft, p_itl)
 
 
-def _dispatch_wait(w: Workload, mean_s: float, workers: int, cv2: float,
-                   params: CostParams):
-    """(P(wait > t), an upper bound of the wait's p95, the wait's p95) for the aggregated
-    pool. The gateway dispatches each request on arrival, so every worker keeps its own
-    queue: a request routed by load goes to the least-loaded worker, which behaves like one
-    shared queue (M/G/c: least work left is FCFS over c servers); one routed by prefix
-    affinity goes to the worker holding its prefix whether or not that worker is busy,
-    i.e. a queue of its own at the per-worker rate (M/G/1 at rate ÷ c)."""
-    pooled = mgc_wait(w.rate_rps, mean_s, workers, cv2, w.arrival_cv2)
-    over_pooled = _wait_cdf_inv(pooled.p_wait, pooled.mean_s)
-    a = w.affinity_share if w.affinity_share is not None else affinity_share(w.prefix_hit,
-                                                                               params)
-    a = _clamp(a, 0.0, 1.0) if workers > 1 and params.prefix_min_match > 0 else 0.0
-    if a <= 0:
-        return over_pooled, pooled.p95_s, pooled.p95_s
-    alone = mgc_wait(w.rate_rps / workers, mean_s, 1, cv2, w.arrival_cv2)
-    over_alone = _wait_cdf_inv(alone.p_wait, alone.mean_s)
-
-    def over(t: float) -> float:
-        return a * over_alone(t) + (1.0 - a) * over_pooled(t)
-
-    bound = max(alone.p95_s, pooled.p95_s)
-    return over, bound, _mixture_p95([0.0], over, bound) if bound > 0 else 0.0
-
-
 def _chunk_steps(timing: Timing, batch: float, ctx: float, u: float, cached: float,
                  chunk: float) -> list[float]:
     """The decode steps a prompt's uncached tokens ride on, one chunk each."""
@@ -313,11 +282,6 @@ def _chunk_steps(timing: Timing, batch: float, ctx: float, u: float, cached: flo
 
 def _chunked_service(timing, batch, ctx, u, cached, chunk) -> float:
     return sum(_chunk_steps(timing, batch, ctx, u, cached, chunk))
-
-
-def _p95_length(w: Workload, pts: tuple[float, ...]) -> float:
-    """The p95 prompt length: as given, else the mean (a point mass)."""
-    return max(w.isl_p95 or 0.0, w.isl_mean, 0.0) if w.isl_p95 else max(pts)
 
 
 def _step_sd(timing: Timing, batch: float, ctx_pts: tuple[float, ...]) -> float:
@@ -335,6 +299,11 @@ def predict_split(
     paths: PathMix, params: CostParams = DEFAULT_PARAMS,
 ) -> Prediction:
     """``n_prefill`` workers prefill whole prompts, ship the KV, ``n_decode`` workers decode."""
+    return with_bursts(w, lambda x: _split(model, shape, n_prefill, n_decode, x, paths, params))
+
+
+def _split(model: ModelSpec, shape: WorkerShape, n_prefill: int, n_decode: int, w: Workload,
+           paths: PathMix, params: CostParams) -> Prediction:
     name = layout_name(n_prefill, n_decode)
     gpus = (n_prefill + n_decode) * shape.tp
     cap_tokens = kv_capacity_tokens(model, shape.gpu, shape.tp, params)
@@ -345,9 +314,9 @@ def predict_split(
     if n_prefill <= 0 or n_decode <= 0:
         return _overloaded(name, n_prefill, n_decode, w, math.inf, "empty pool", gpus,
                            kv_capacity_seqs=cap_seqs)
-    isl_pts, ctx_pts = _points(w)
+    isl_pts, ctx_pts = points(w)
     timing = Timing.of(model, shape.gpu, shape.tp)
-    work = _prompt_work(w, isl_pts)
+    work = prompt_work(w, isl_pts)
     # Conditional P/D: short uncached prompts are prefilled by their decode worker, in its
     # decode steps (gateway.router "pd_local_prefill"), so that pool is aggregated for them.
     lim = w.local_prefill_max_tokens
@@ -445,8 +414,8 @@ def predict_split(
     # decode worker's first step.
     fixed_tail = [s + (t / k) + t_d for s, t in zip(services, t_pts_tail, strict=True)]
     fixed_mean = [s + (t / k) + t_d for s, t in zip(services, t_pts_mean, strict=True)]
-    p95_len = _p95_length(w, isl_pts)
-    tail_u = _tail_work(w, p95_len)
+    p95_len = p95_length(w, isl_pts)
+    tail_u = tail_work(w, p95_len)
     s95 = (timing.prefill(*tail_u, params.chunk_tokens)
            + t_d + (xfer(p95_len * kvb, slow) / k if slow is not None else 0.0)
            if lim <= 0 or tail_u[0] > lim else 0.0)

@@ -38,7 +38,10 @@ def test_a_measured_share_reaches_the_workload_and_moves_the_ttft_tail():
     # Followed requests queue behind their prefix's holder (M/G/1 per worker) rather than
     # at the least-loaded worker (M/G/c): a longer TTFT tail for the same work.
     assert followed.current.ttft_p95_s > pooled.current.ttft_p95_s
-    assert followed.current.utilisation == pooled.current.utilisation
+    # The same work; only the decode batch moves a little (a prompt routed by load stalls
+    # fewer decodes than one sent to its prefix's holder, so lives are a little shorter).
+    assert abs(followed.current.utilisation - pooled.current.utilisation) < 0.01 * (
+        pooled.current.utilisation)
     assert "90% routed by prefix affinity (test)" in followed.explanation
 
 

@@ -54,7 +54,8 @@ def test_prefix_affinity_queues_per_worker_so_ttft_tail_grows():
     # their prefix to a busy holder wait though other workers idle (M/G/1 per worker).
     pooled = predict_aggregated(L70_FP8, H200, 8, RAG, CostParams(prefix_min_match=0.0))
     routed = predict_aggregated(L70_FP8, H200, 8, RAG)
-    assert routed.utilisation == pytest.approx(pooled.utilisation)
+    # (The decode batch moves a little: a prompt routed by load stalls fewer decodes.)
+    assert routed.utilisation == pytest.approx(pooled.utilisation, rel=1e-3)
     assert routed.ttft_p95_s > pooled.ttft_p95_s
     assert routed.queue_p95_s >= pooled.queue_p95_s
     assert routed.attainment <= pooled.attainment + 1e-9

@@ -1,0 +1,135 @@
+"""How load reaches the workers of a pool: the prompts' work at the quantile points, and
+the gateway's dispatch (least-loaded vs prefix affinity) as the queue and the decoding
+requests see it. Pure arithmetic for :mod:`.layouts`; no dependency on the simulator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .costmodel import (
+    DEFAULT_PARAMS,
+    CostParams,
+    Prediction,
+    Workload,
+    _clamp,
+    affinity_share,
+    mgc_wait,
+)
+from .distributions import balanced_victims, length_points, miss_mixture
+from .distributions import mixture_p95 as _mixture_p95
+from .distributions import wait_over as _wait_cdf_inv
+
+__all__ = ["DEFAULT_PARAMS", "dispatch_wait", "exposure", "p95_length", "points",
+           "prompt_work", "tail_work", "with_bursts"]
+
+
+def points(w: Workload) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(prompt lengths, decode contexts) at the eight quantiles."""
+    isl = length_points(w.isl_mean, w.isl_p95, w.isl_p50)
+    osl = max(w.osl_mean, 0.0)
+    return isl, tuple(x + osl / 2.0 for x in isl)
+
+
+def prompt_work(w: Workload, isl_pts: tuple[float, ...]) -> list[tuple[float, float]]:
+    """(uncached, cached) tokens of the eight quantile prompts. With the uncached p95 known
+    the uncached lengths get their own fit (paired in order with the prompt lengths: a long
+    prompt is not cached more); else each prompt hits the mean share."""
+    hit = _clamp(w.prefix_hit, 0.0, 1.0)
+    if not w.uncached_p95 or hit <= 0:
+        return [(x * (1 - hit), x * hit) for x in isl_pts]
+    mixed = miss_mixture(isl_pts, hit, w.uncached_p95, w.isl_p95 or max(isl_pts))
+    if mixed is not None:
+        return mixed
+    unc = length_points(w.uncached_mean, min(w.uncached_p95, max(isl_pts)))
+    return [(min(u, x), max(x - u, 0.0)) for u, x in zip(unc, isl_pts, strict=True)]
+
+
+def tail_work(w: Workload, p95_len: float) -> tuple[float, float]:
+    """(uncached, cached) tokens of the p95 prompt (see :func:`_prompt_work`)."""
+    hit = _clamp(w.prefix_hit, 0.0, 1.0)
+    if not w.uncached_p95 or hit <= 0:
+        return p95_len * (1 - hit), p95_len * hit
+    u = min(max(w.uncached_p95, p95_len * (1 - hit)), p95_len)
+    return u, p95_len - u
+
+
+def exposure(w: Workload, batch: float, workers: int, params: CostParams) -> float:
+    """How often a decoding request is stalled, relative to a prompt landing on a random
+    worker: the gateway sends a prompt routed by load to the worker whose prefill would
+    stall fewest requests in flight (``gateway.router``'s cost), so it stalls the fewest
+    decoders (:func:`balanced_victims`), not an average batch; one routed by prefix
+    affinity goes to its holder, busy or not (share as in :func:`dispatch_wait`)."""
+    if workers <= 1 or batch <= 0:
+        return 1.0
+    a = w.affinity_share if w.affinity_share is not None else affinity_share(w.prefix_hit,
+                                                                               params)
+    a = _clamp(a, 0.0, 1.0) if params.prefix_min_match > 0 else 0.0
+    return a + (1.0 - a) * balanced_victims(batch, workers) / batch
+
+
+def dispatch_wait(w: Workload, mean_s: float, workers: int, cv2: float,
+                   params: CostParams):
+    """(P(wait > t), an upper bound of the wait's p95, the wait's p95) for the aggregated
+    pool. The gateway dispatches each request on arrival, so every worker keeps its own
+    queue: a request routed by load goes to the least-loaded worker, which behaves like one
+    shared queue (M/G/c: least work left is FCFS over c servers); one routed by prefix
+    affinity goes to the worker holding its prefix whether or not that worker is busy,
+    i.e. a queue of its own at the per-worker rate (M/G/1 at rate ÷ c)."""
+    pooled = mgc_wait(w.rate_rps, mean_s, workers, cv2, w.arrival_cv2)
+    over_pooled = _wait_cdf_inv(pooled.p_wait, pooled.mean_s)
+    a = w.affinity_share if w.affinity_share is not None else affinity_share(w.prefix_hit,
+                                                                               params)
+    a = _clamp(a, 0.0, 1.0) if workers > 1 and params.prefix_min_match > 0 else 0.0
+    if a <= 0:
+        return over_pooled, pooled.p95_s, pooled.p95_s
+    alone = mgc_wait(w.rate_rps / workers, mean_s, 1, cv2, w.arrival_cv2)
+    over_alone = _wait_cdf_inv(alone.p_wait, alone.mean_s)
+
+    def over(t: float) -> float:
+        return a * over_alone(t) + (1.0 - a) * over_pooled(t)
+
+    bound = max(alone.p95_s, pooled.p95_s)
+    return over, bound, _mixture_p95([0.0], over, bound) if bound > 0 else 0.0
+
+
+def p95_length(w: Workload, pts: tuple[float, ...]) -> float:
+    """The p95 prompt length: as given, else the mean (a point mass)."""
+    return max(w.isl_p95 or 0.0, w.isl_mean, 0.0) if w.isl_p95 else max(pts)
+
+
+# What a request sees of a burst: its latencies; what the pool carries: the mean load.
+_SEEN = ("ttft_p95_s", "itl_p95_s", "itl_mean_s", "prefill_s", "queue_p95_s", "transfer_s",
+         "transfer_mean_s", "mixed_step_share", "chunk_s", "preempt_risk")
+
+
+def with_bursts(w: Workload, predict) -> Prediction:
+    """``predict(w)`` for bursty arrivals (``w.burst_rate_rps`` above the mean rate).
+
+    Requests arrive in bursts, so each one meets the queue and the stalls of the rate around
+    it, not of the mean: latencies and the share within targets are those at the burst rate,
+    while utilisation, capacity and goodput (share × the mean rate) are the mean load's.
+    Where the burst rate is past the layout's capacity but the mean is not, the pool serves
+    at its capacity through a burst and the rest queue (fluid limit): at most capacity ÷
+    burst rate of a burst's arrivals are served in time, with the mean load's share within
+    targets. ``arrival_cv2`` is then the variability of the gaps *within* a burst (over all
+    gaps it would count the same bursts twice)."""
+    burst = w.burst_rate_rps
+    if not burst or burst <= w.rate_rps:
+        return predict(w)
+    base = replace(w, burst_rate_rps=None)
+    mean = predict(base)
+    if mean.overloaded or not mean.fits:
+        return mean
+    seen = predict(replace(base, rate_rps=burst))
+    if seen.overloaded:
+        share = mean.attainment * min(1.0, mean.capacity_rps / burst)
+        return replace(mean, attainment=share, goodput_rps=w.rate_rps * share)
+    # A burst is counted over one window (Δ = the TTFT target): the work that arrived in it
+    # is done within ρ × Δ at the burst's utilisation ρ < 1, so a burst adds at most that to
+    # the queue's tail (steady state at the burst rate assumes bursts outlast the queue's
+    # own relaxation, which a window's worth of arrivals near ρ = 1 does not).
+    ttft = min(seen.ttft_p95_s, mean.ttft_p95_s + seen.utilisation * w.ttft_slo_s)
+    return replace(mean, attainment=seen.attainment,
+                   goodput_rps=w.rate_rps * seen.attainment,
+                   **{k: getattr(seen, k) for k in _SEEN if k != "ttft_p95_s"}, ttft_p95_s=ttft)
