@@ -35,10 +35,14 @@ says overloaded). Hence:
   window [first measured arrival, last arrival]: after the last arrival no prompt is
   prefilled, so drain gaps are pure decode steps (the all-gaps figures stay in each cell);
 * ``rank_corr_min`` is the worst Spearman correlation (average ranks for ties) across a
-  case's layouts of the model's order (goodput, then the rate at which the layout
-  saturates: the planner's own order) against the run's (goodput; an overloaded run ranks
-  by goodput 0, then slower TTFT growth first). Cases where the run ranks every layout equal
-  have no order to agree with: they are listed in ``rank_corr_tied_cases``, not scored;
+  case's layouts of the model's order against the run's, at the run's resolution: goodput
+  as this run's requests within targets (the model's share × the same count, rounded); an
+  overloaded layout ranks below the stable ones, the run's by slower TTFT growth first,
+  the model's by the rate at which it saturates (the planner's tie-break, used only there:
+  a run cannot confirm headroom it never used). The sixth pass's key (goodput to 4
+  decimals, then the saturation rate everywhere) is ``rank_corr_min_headroom``. Cases
+  where the run ranks every layout equal have no order to agree with: they are listed in
+  ``rank_corr_tied_cases``, not scored;
 * a run whose measured window is shorter than one request's life (answer × ITL) has a
   decode batch that never reached the steady state the model describes (a burst of 200
   rag-4k requests on H200 at load 4 arrives in 1.7 s; a request lives minutes): it is
@@ -52,8 +56,9 @@ says overloaded). Hence:
 The model gets the run's measured workload statistics: rate, prompt-length mean and p95,
 the p95 of uncached prompt tokens, answer mean, prefix hit rate, the share of requests the
 gateway's router placed by prefix affinity (its decisions by reason), and for the traces the
-arrivals' burstiness (squared coefficient of variation of the gaps; the scenario workloads
-are generated Poisson: 1).
+arrivals' burstiness: the rate a request sees within a TTFT target's window and the gap SCV
+inside those windows (``accuracy_measure.burst_rate``; the scenario workloads are generated
+Poisson: the mean rate and 1).
 """
 
 from __future__ import annotations
