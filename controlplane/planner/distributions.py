@@ -46,30 +46,58 @@ def _inv_normal(p: float) -> float:
 _MID = tuple(_inv_normal((i + 0.5) / POINTS) for i in range(POINTS))
 
 
+# A lognormal through p50 and p95 (σ = ln(p95 ÷ p50) ÷ z₉₅) has mean p50 · exp(σ² ÷ 2). When
+# that implied mean and the measured one differ by more than this (|ln ratio|), no lognormal
+# fits the three numbers and the fit keeps the two the predictions rest on: the mean (work,
+# utilisation) and the p95 (the tail that sets TTFT p95). The bound is the histogram's
+# resolution, not a fitted number: the live p50 and p95 are interpolated inside vLLM's
+# 1-2-5 token buckets (``vllm:request_prompt_tokens``, ``build_1_2_5_buckets`` in
+# workers_agent/sim/metrics.py) the way ``histogram_quantile`` does, the mean is exact
+# (sum ÷ count), and an exact lognormal (σ 0.3–1.5, any median) read back that way shows an
+# implied mean up to 0.207 off in ln (tests/unit/test_planner_length_fit.py re-derives it).
+# A wrongly rejected lognormal costs little: its mean and p95 give the same σ.
+LOGNORMAL_MEAN_TOL = 0.21
+
+
+def _sigma_mean_p95(mean: float, p95: float) -> float:
+    """σ of the lognormal with this mean and p95: p95 ÷ mean = exp(Z σ − σ²/2), increasing
+    in σ up to σ = Z (the largest ratio any lognormal reaches, where σ stops); bisection."""
+    target = math.log(p95 / mean)
+    lo, hi = 0.0, Z95
+    if target >= Z95 * Z95 / 2:
+        lo = hi
+    for _ in range(40):
+        if lo >= hi:
+            break
+        mid = (lo + hi) / 2
+        if Z95 * mid - mid * mid / 2 < target:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def lognormal_fits(mean: float, p95: float, p50: float) -> bool:
+    """Whether a lognormal with this p50 and p95 has a mean within
+    :data:`LOGNORMAL_MEAN_TOL` (in ln) of ``mean``."""
+    if not (mean > 0 and 0 < p50 < p95):
+        return False
+    sigma = math.log(p95 / p50) / Z95
+    return abs(math.log(p50 / mean) + sigma * sigma / 2) <= LOGNORMAL_MEAN_TOL
+
+
 @lru_cache(maxsize=4096)
 def length_points(mean: float, p95: float | None, p50: float | None = None) -> tuple[float, ...]:
-    """Eight equal-probability lengths of a lognormal with this mean and p95 (and p50),
-    rescaled so their average is the mean; a point mass when the spread is unknown."""
+    """Eight equal-probability lengths of a lognormal with this mean and p95, rescaled so
+    their average is the mean; σ from p95 ÷ p50 instead when a p50 is given and a lognormal
+    fits all three (:func:`lognormal_fits`); a point mass when the spread is unknown."""
     mean = max(mean, 0.0)
     if mean <= 0 or not p95 or p95 <= mean * 1.0001:
         return (mean,) * POINTS
-    if p50 and 0 < p50 < p95:
+    if p50 and lognormal_fits(mean, p95, p50):
         sigma = math.log(p95 / p50) / Z95
     else:
-        # p95 / mean = exp(Z σ − σ²/2): increasing in σ up to σ = Z; solve by bisection.
-        target = math.log(p95 / mean)
-        lo, hi = 0.0, Z95
-        if target >= Z95 * Z95 / 2:
-            lo = hi
-        for _ in range(40):
-            if lo >= hi:
-                break
-            mid = (lo + hi) / 2
-            if Z95 * mid - mid * mid / 2 < target:
-                lo = mid
-            else:
-                hi = mid
-        sigma = lo
+        sigma = _sigma_mean_p95(mean, p95)
     pts = [math.exp(sigma * z) for z in _MID]
     scale = mean / (sum(pts) / POINTS)
     return tuple(x * scale for x in pts)
