@@ -46,7 +46,9 @@ def test_whatif_p95_and_kv_path_change_the_answer(asgi_server, page):
           tp="1", isl="4000", osl="300", rate_rps="4", ttft_slo_ms="2500", itl_slo_ms="50")
 
     means_only = _predict(page, "p.binding")
-    assert means_only.startswith("Binding constraint of aggregated"), means_only
+    # Some layout meets the targets (which one leads among the 99.9-100 % near-ties is the
+    # planner's order: tests/integration/test_whatif_form.py says why it is not pinned).
+    assert means_only.startswith("Binding constraint of "), means_only
     assert "no p95 given" in means_only
 
     # The same traffic with its long-prompt tail, sent over a 25 Gb/s network path.

@@ -58,9 +58,13 @@ def test_the_form_has_every_field_with_label_unit_and_help(viewer):
 
 def test_a_long_prompt_p95_changes_the_answer(viewer):
     means_only = _answer(viewer)
-    # Means only: aggregated (99.999 % within targets) and the splits from 4P:4D up (100 %)
-    # tie in the planner's order (share to 0.1 %); aggregated has the most capacity.
-    assert _lead(means_only).startswith("Binding constraint of aggregated")
+    # Means only: aggregated and the splits from 4P:4D up all serve 99.9-100 % within the
+    # targets, so which one leads is the planner's order among near-ties (share to 0.1 %,
+    # then capacity), and it moves with the model's tail terms (aggregated 99.999 % before
+    # the stall-distribution model of issue 16's seventh pass, 99.94 % after). What this
+    # test is about: some layout meets the targets without the tail, none with it.
+    assert _lead(means_only).startswith("Binding constraint of ")
+    assert "No layout meets the targets" not in means_only
     assert "no p95 given" in means_only
     tail = _answer(viewer, isl_p50="3000", isl_p95="32000")
     assert _lead(tail) == "No layout meets the targets."
