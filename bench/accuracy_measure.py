@@ -44,7 +44,11 @@ def arrival_cv2(arrivals: list[float]) -> float:
     """Burstiness of a trace's arrivals: the squared coefficient of variation of the gaps
     between them (1 for Poisson). The scenario workloads are generated Poisson, so they get
     1 exactly rather than a noisy estimate from a few dozen gaps."""
-    gaps = [b - a for a, b in itertools.pairwise(sorted(arrivals))]
+    return _scv([b - a for a, b in itertools.pairwise(sorted(arrivals))])
+
+
+def _scv(gaps: list[float]) -> float:
+    """Squared coefficient of variation of ``gaps``; 1 (Poisson's) with fewer than two."""
     mean = statistics.fmean(gaps) if len(gaps) > 1 else 0.0
     return statistics.pvariance(gaps) / mean ** 2 if mean > 0 else 1.0
 
@@ -68,9 +72,7 @@ def burst_rate(arrivals: list[float], window_s: float) -> tuple[float | None, fl
     for a in arrivals:
         k = int((a - t0) / window_s)
         counts[k] = counts.get(k, 0) + 1
-    mean = statistics.fmean(inside) if len(inside) > 1 else 0.0
-    cv2 = statistics.pvariance(inside) / mean ** 2 if mean > 0 else 1.0
-    return sum(n * (n - 1) for n in counts.values()) / (window_s * len(arrivals)), cv2
+    return sum(n * (n - 1) for n in counts.values()) / (window_s * len(arrivals)), _scv(inside)
 
 
 def ttft_growth(results) -> tuple[float, float]:

@@ -46,7 +46,7 @@ def prompt_work(w: Workload, isl_pts: tuple[float, ...]) -> list[tuple[float, fl
 
 
 def tail_work(w: Workload, p95_len: float) -> tuple[float, float]:
-    """(uncached, cached) tokens of the p95 prompt (see :func:`_prompt_work`)."""
+    """(uncached, cached) tokens of the p95 prompt (see :func:`prompt_work`)."""
     hit = _clamp(w.prefix_hit, 0.0, 1.0)
     if not w.uncached_p95 or hit <= 0:
         return p95_len * (1 - hit), p95_len * hit
@@ -62,10 +62,19 @@ def exposure(w: Workload, batch: float, workers: int, params: CostParams) -> flo
     affinity goes to its holder, busy or not (share as in :func:`dispatch_wait`)."""
     if workers <= 1 or batch <= 0:
         return 1.0
+    a = _affinity_routed(w, workers, params)
+    return a + (1.0 - a) * balanced_victims(batch, workers) / batch
+
+
+def _affinity_routed(w: Workload, workers: int, params: CostParams) -> float:
+    """The share of requests the gateway routes by prefix affinity (to the worker holding
+    their prefix) rather than by load: as measured when given, else from the hit rate; none
+    with one worker or with affinity off."""
+    if workers <= 1 or params.prefix_min_match <= 0:
+        return 0.0
     a = w.affinity_share if w.affinity_share is not None else affinity_share(w.prefix_hit,
                                                                                params)
-    a = _clamp(a, 0.0, 1.0) if params.prefix_min_match > 0 else 0.0
-    return a + (1.0 - a) * balanced_victims(batch, workers) / batch
+    return _clamp(a, 0.0, 1.0)
 
 
 def dispatch_wait(w: Workload, mean_s: float, workers: int, cv2: float,
@@ -78,9 +87,7 @@ def dispatch_wait(w: Workload, mean_s: float, workers: int, cv2: float,
     i.e. a queue of its own at the per-worker rate (M/G/1 at rate ÷ c)."""
     pooled = mgc_wait(w.rate_rps, mean_s, workers, cv2, w.arrival_cv2)
     over_pooled = _wait_cdf_inv(pooled.p_wait, pooled.mean_s)
-    a = w.affinity_share if w.affinity_share is not None else affinity_share(w.prefix_hit,
-                                                                               params)
-    a = _clamp(a, 0.0, 1.0) if workers > 1 and params.prefix_min_match > 0 else 0.0
+    a = _affinity_routed(w, workers, params)
     if a <= 0:
         return over_pooled, pooled.p95_s, pooled.p95_s
     alone = mgc_wait(w.rate_rps / workers, mean_s, 1, cv2, w.arrival_cv2)

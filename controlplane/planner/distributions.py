@@ -141,10 +141,6 @@ def mixture_p95(fixed: list[float], wait_over, wait_p95: float = 0.0) -> float:
     return hi
 
 
-def normal_cdf(z: float) -> float:
-    return 0.5 * math.erfc(-z / math.sqrt(2.0))
-
-
 STALL_GRID = 64  # grid cells over the stall budget
 STALL_MAX_COUNT = 12.0  # beyond this many expected stalls the normal (CLT) form is used
 
@@ -200,7 +196,7 @@ def busy_stall_share(target: float, base: float, base_sd: float, steps: float,
         slack = target - base - y / steps
         if base_sd <= 0:
             return 1.0 if slack >= -1e-12 else 0.0
-        return normal_cdf(slack / base_sd)
+        return normal_tail(-slack / base_sd)
 
     dist = {0: 1.0}  # P(X₁ + … + Xₙ = cell × h, the sum still on the grid), n = 0
     total = 0.0
@@ -264,15 +260,19 @@ def balanced_victims(batch: float, workers: int) -> float:
     k_lo = max(1, int((mu - 10.0 * sd - 10.0) // c))
     out = float(k_lo - 1)  # P(D ≥ k c) = 1 to many decimals below k_lo
     k = k_lo
+    # P(D < kc) = Σ_{j<kc} e^(−μ) μ^j / j!, carried from one k to the next (each k adds the
+    # terms from the last k's kc up), not summed again from j = 0.
+    term = cdf = math.exp(-mu)
+    j = 1
     while k * c <= mu + 10.0 * sd + 10.0:
         if mu > 50:
             tail = normal_tail((k * c - 0.5 - mu) / sd)
-        else:  # P(D ≥ kc) = 1 − Σ_{j<kc} e^(−μ) μ^j / j!
-            term = total = math.exp(-mu)
-            for j in range(1, k * c):
+        else:
+            while j < k * c:
                 term *= mu / j
-                total += term
-            tail = max(1.0 - total, 0.0)
+                cdf += term
+                j += 1
+            tail = max(1.0 - cdf, 0.0)
         out += tail
         k += 1
     return min(out, batch)
