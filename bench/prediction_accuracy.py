@@ -58,7 +58,9 @@ the p95 of uncached prompt tokens, answer mean, prefix hit rate, the share of re
 gateway's router placed by prefix affinity (its decisions by reason), and for the traces the
 arrivals' burstiness: the rate a request sees within a TTFT target's window and the gap SCV
 inside those windows (``accuracy_measure.burst_rate``; the scenario workloads are generated
-Poisson: the mean rate and 1).
+Poisson: the mean rate and 1), and for the traces the share of requests whose uncached prompt
+is short enough for conditional P/D's local prefill (the scenarios' one prompt length is
+placed exactly by the fitted points).
 """
 
 from __future__ import annotations
@@ -168,6 +170,12 @@ def simulate(cluster: dict, wl, slo: dict, n_prefill: int, trace: bool = False) 
     uncached = [r.prompt_tokens - r.cached_tokens for r in late if r.error is None]
     growth, growth_rate = ttft_growth(late)
     cv2 = arrival_cv2(arrivals) if trace else 1.0
+    # Conditional P/D prefills a prompt on its decode worker when its uncached part is at
+    # most the policy's limit: the share of such prompts (scenario prompts have one length:
+    # the fitted points already place them; none).
+    lim = EffectivePolicy().local_prefill_max_tokens
+    local = (sum(1 for r in late if r.error is None and r.prompt_tokens - r.cached_tokens <= lim)
+             / max(len(prompts), 1) if trace else None)
     burst, cv2_in = (burst_rate([a for a in arrivals if a >= t0], slo["ttft_ms"] / 1000)
                      if trace else (None, 1.0))
     t_end = arrivals[-1] if arrivals else 0.0
@@ -200,6 +208,8 @@ def simulate(cluster: dict, wl, slo: dict, n_prefill: int, trace: bool = False) 
         "burst_cv2": cv2_in,
         # Share of requests the gateway's router placed by prefix affinity ("kv_prefix").
         "affinity_share": decisions.get("kv_prefix", 0) / routed if routed else 0.0,
+        # Share of requests whose uncached prompt is short enough for local prefill.
+        "local_prefill_share": local,
         "ttft_growth_s": growth,
         "ttft_growth_rate": growth_rate,
     }
@@ -238,7 +248,8 @@ def predict_cell(cluster: dict, slo: dict, stats: dict, n_prefill: int) -> dict:
     extra = {"arrival_cv2": stats.get("burst_cv2" if burst else "arrival_cv2", 1.0),
              "uncached_p95": stats.get("uncached_p95"),
              "affinity_share": stats.get("affinity_share"),
-             "burst_rate_rps": stats.get("burst_rate_rps")}
+             "burst_rate_rps": stats.get("burst_rate_rps"),
+             "local_prefill_share": stats.get("local_prefill_share")}
     workload = replace(workload, **{k: v for k, v in extra.items() if k in known})
     p = predict(inp, n_prefill, workload, Topology(workers, links))
     return {"ttft_p95_s": None if math.isinf(p.ttft_p95_s) else p.ttft_p95_s,

@@ -368,6 +368,12 @@ class Workload:
     # arrivals; on/off traffic, e.g. Azure code, 10–20× it). None: the mean rate. With it,
     # ``arrival_cv2`` is the SCV of the gaps within a window (see dispatch.with_bursts).
     burst_rate_rps: float | None = None
+    # Share of requests whose prompt part not cached is at most local_prefill_max_tokens:
+    # those conditional P/D prefills on their decode worker (the gateway's
+    # "pd_local_prefill" decisions ÷ all in a split; the prompt-token histogram's mass below
+    # the threshold ÷ (1 − hit) otherwise). None: counted on the fitted quantile prompts,
+    # which place the low end of a two-humped distribution badly (dispatch.prompt_points).
+    local_prefill_share: float | None = None
 
     @property
     def uncached_mean(self) -> float:

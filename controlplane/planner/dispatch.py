@@ -16,12 +16,12 @@ from .costmodel import (
     affinity_share,
     mgc_wait,
 )
-from .distributions import balanced_victims, length_points, miss_mixture
+from .distributions import balanced_victims, length_points, local_share_points, miss_mixture
 from .distributions import mixture_p95 as _mixture_p95
 from .distributions import wait_over as _wait_cdf_inv
 
 __all__ = ["DEFAULT_PARAMS", "dispatch_wait", "exposure", "p95_length", "points",
-           "prompt_work", "tail_work", "with_bursts"]
+           "prompt_points", "prompt_work", "tail_work", "with_bursts"]
 
 
 def points(w: Workload) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -43,6 +43,24 @@ def prompt_work(w: Workload, isl_pts: tuple[float, ...]) -> list[tuple[float, fl
         return mixed
     unc = length_points(w.uncached_mean, min(w.uncached_p95, max(isl_pts)))
     return [(min(u, x), max(x - u, 0.0)) for u, x in zip(unc, isl_pts, strict=True)]
+
+
+def prompt_points(w: Workload) -> tuple[tuple[float, ...], tuple[float, ...],
+                                         list[tuple[float, float]]]:
+    """(prompt lengths, decode contexts, (uncached, cached) work) at the eight quantiles,
+    with the share of prompts short enough for conditional P/D's local prefill as measured
+    when given (:func:`local_share_points`): the gateway decides per request on the part not
+    cached, so that share is a fact of the workload the fitted shape must respect."""
+    isl, ctx = points(w)
+    work = prompt_work(w, isl)
+    if w.local_prefill_share is None or w.local_prefill_max_tokens <= 0:
+        return isl, ctx, work
+    shaped = local_share_points(work, float(w.local_prefill_max_tokens), w.local_prefill_share)
+    if shaped is work:
+        return isl, ctx, work
+    isl = tuple(u + c for u, c in shaped)
+    osl = max(w.osl_mean, 0.0)
+    return isl, tuple(x + osl / 2.0 for x in isl), shaped
 
 
 def tail_work(w: Workload, p95_len: float) -> tuple[float, float]:
@@ -130,7 +148,12 @@ def with_bursts(w: Workload, predict) -> Prediction:
         return mean
     seen = predict(replace(base, rate_rps=burst))
     if seen.overloaded:
-        share = mean.attainment * min(1.0, mean.capacity_rps / burst)
+        # Conditional P/D: the prompts short enough to prefill on their decode worker never
+        # enter the prefill pool, so a burst that saturates that pool does not queue them;
+        # the fluid bound holds for the rest (taken at the mean load's share for both).
+        local = mean.local_prefill_share if seen.bottleneck == "prefill" else 0.0
+        served = min(1.0, mean.capacity_rps / burst)
+        share = mean.attainment * (local + (1.0 - local) * served)
         return replace(mean, attainment=share, goodput_rps=w.rate_rps * share)
     # A burst is counted over one window (Δ = the TTFT target): the work that arrived in it
     # is done within ρ × Δ at the burst's utilisation ρ < 1, so a burst adds at most that to

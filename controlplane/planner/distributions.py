@@ -276,3 +276,43 @@ def balanced_victims(batch: float, workers: int) -> float:
         out += tail
         k += 1
     return min(out, batch)
+
+
+def local_share_points(work: list[tuple[float, float]], limit: float,
+                       share: float) -> list[tuple[float, float]]:
+    """(uncached, cached) quantile prompts moved across the conditional-P/D threshold so that
+    round(points × ``share``) of them have at most ``limit`` uncached tokens: the measured
+    share of prompts prefilled on their decode worker. A lognormal fitted to mean and p95
+    places the low end of a two-humped distribution badly (Mooncake: 40 % of its prompts
+    are ≤ 512 tokens, the mean + p95 fit puts none of eight points there, and every split's
+    decode pool is priced as if it prefilled nothing itself). The shortest points cross
+    (down to the threshold, or just above it), each keeping its hit share; the prompt tokens
+    they gain or lose go to or come from the points that stay remote, in proportion, so the
+    mean prompt holds. Unchanged when the points already agree, or nothing can absorb it."""
+    n = len(work)
+    if n == 0 or limit <= 0 or share is None:
+        return work
+    k = min(max(round(n * _clamp(share, 0.0, 1.0)), 0), n)
+    order = sorted(range(n), key=lambda i: (work[i][0], i))
+    out = list(work)
+    moved = set()
+    for rank, i in enumerate(order):
+        u, c = work[i]
+        want = limit if rank < k else limit * (1.0 + 1e-6) + 1.0
+        if (rank < k and u > limit) or (rank >= k and u <= limit and u > 0):
+            scale = want / u
+            out[i] = (want, c * scale)
+            moved.add(i)
+    if not moved:
+        return work
+    delta = sum(u + c for u, c in work) - sum(u + c for u, c in out)
+    free = [i for i in order[k:] if i not in moved]
+    mass = sum(out[i][0] + out[i][1] for i in free)
+    if mass <= 0 or mass + delta <= 0:
+        return work
+    f = (mass + delta) / mass
+    if f < 1 and any(out[i][0] * f <= limit for i in free):
+        return work  # the remote points cannot give up that much and stay remote
+    for i in free:
+        out[i] = (out[i][0] * f, out[i][1] * f)
+    return out

@@ -51,8 +51,7 @@ from .dispatch import (
     dispatch_wait,
     exposure,
     p95_length,
-    points,
-    prompt_work,
+    prompt_points,
     tail_work,
     with_bursts,
 )
@@ -131,8 +130,7 @@ def _aggregated(
         return (_overloaded(name, 0, workers, w, math.inf, "weights do not fit", gpus,
                             fits=False), 0.0, 0.0)
     r = w.rate_rps / workers
-    isl_pts, ctx_pts = points(w)
-    work = prompt_work(w, isl_pts)
+    isl_pts, ctx_pts, work = prompt_points(w)
     here = [remote_above is None or u <= remote_above for u, _c in work]
     # Prompts prefilled elsewhere do no prefill work here (their KV arrives whole).
     work = [(u, c) if h else (0.0, u + c) for (u, c), h in zip(work, here, strict=True)]
@@ -314,9 +312,8 @@ def _split(model: ModelSpec, shape: WorkerShape, n_prefill: int, n_decode: int, 
     if n_prefill <= 0 or n_decode <= 0:
         return _overloaded(name, n_prefill, n_decode, w, math.inf, "empty pool", gpus,
                            kv_capacity_seqs=cap_seqs)
-    isl_pts, ctx_pts = points(w)
+    isl_pts, ctx_pts, work = prompt_points(w)
     timing = Timing.of(model, shape.gpu, shape.tp)
-    work = prompt_work(w, isl_pts)
     # Conditional P/D: short uncached prompts are prefilled by their decode worker, in its
     # decode steps (gateway.router "pd_local_prefill"), so that pool is aggregated for them.
     lim = w.local_prefill_max_tokens

@@ -12,6 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controlplane.planner.costmodel import ModelSpec, WorkerShape, Workload, gpu_profile_for
+from controlplane.planner.dispatch import prompt_points
+from controlplane.planner.distributions import length_points, local_share_points
 from controlplane.planner.layouts import predict_aggregated, predict_split
 from controlplane.planner.placement import NicInput, NodeLinks, Topology, WorkerInput
 from controlplane.planner.planner import LoadInput, workload_for
@@ -113,3 +115,73 @@ def test_a_prompt_waits_for_the_decode_step_in_progress():
     assert p.ttft_p95_s == pytest.approx(p.prefill_s + t_d * (1 - 0.05 / busy), rel=0.05)
     idle = predict_aggregated(L70_FP8, RTX_TP2, 8, replace(w, rate_rps=1e-6))
     assert idle.ttft_p95_s == pytest.approx(idle.prefill_s, rel=0.01)  # an empty batch
+
+
+# --- The measured local-prefill share shapes the quantile prompts (issue 16, H4) ----------
+
+# Mooncake-like: mean 12.9k, p95 43k; 40 % of the prompts are ≤ 512 tokens, which the
+# mean + p95 lognormal does not place (none of its eight points is below 1.4k).
+MOONCAKE = Workload(rate_rps=0.2, isl_mean=12908, osl_mean=300, prefix_hit=0.06,
+                    isl_p95=43012, ttft_slo_s=5.0, itl_slo_s=0.05,
+                    local_prefill_max_tokens=512)
+
+
+@settings(max_examples=200, deadline=None)
+@given(mean=st.floats(100, 40000), ratio=st.floats(1.01, 3.8), hit=st.floats(0, 0.9),
+       limit=st.integers(1, 4096), share=st.floats(0, 1))
+def test_local_share_points_keep_the_mean_and_place_the_share(mean, ratio, hit, limit, share):
+    work = [(x * (1 - hit), x * hit) for x in length_points(mean, mean * ratio)]
+    out = local_share_points(work, float(limit), share)
+    assert len(out) == len(work)
+    assert all(u >= 0 and c >= 0 for u, c in out)
+    # The mean prompt holds.
+    assert sum(u + c for u, c in out) == pytest.approx(sum(u + c for u, c in work), rel=1e-9)
+    if out is not work:  # reshaped: exactly round(8 × share) points are local
+        assert sum(1 for u, _c in out if u <= limit) == round(len(work) * share)
+
+
+def test_without_a_measured_share_nothing_changes():
+    isl, _ctx, work = prompt_points(MOONCAKE)
+    assert isl == length_points(12908, 43012)
+    assert sum(1 for u, _c in work if u <= 512) == 0
+    same = replace(MOONCAKE, local_prefill_share=0.0)
+    assert prompt_points(same)[2] == work
+
+
+def test_a_measured_share_sends_the_short_prompts_to_the_decode_pool():
+    w = replace(MOONCAKE, local_prefill_share=0.395)
+    isl, ctx, work = prompt_points(w)
+    assert sum(1 for u, _c in work if u <= 512) == 3  # round(8 × 0.395)
+    assert sum(isl) / len(isl) == pytest.approx(12908)
+    assert ctx == tuple(x + 150 for x in isl)
+    split = predict_split(L70_FP8, RTX_TP2, 4, 4, w, _paths(4))
+    assert split.local_prefill_share == pytest.approx(3 / 8)
+    assert predict_split(L70_FP8, RTX_TP2, 4, 4, MOONCAKE, _paths(4)).local_prefill_share == 0
+    # Without conditional P/D the share is no input: every prompt goes to the prefill pool.
+    off = replace(w, local_prefill_max_tokens=0)
+    assert prompt_points(off) == prompt_points(replace(MOONCAKE, local_prefill_max_tokens=0))
+    assert math.isfinite(split.capacity_rps)
+
+
+def test_a_burst_that_saturates_the_prefill_pool_spares_the_local_prompts():
+    # Azure-code-like bursts (14 req/s around a request, 0.9 on average) on one prefill
+    # worker: the pool saturates within a burst, but the prompts prefilled on their decode
+    # worker never queue there, so only the rest get the fluid bound.
+    w = Workload(rate_rps=0.9, isl_mean=2000, osl_mean=25, isl_p95=6000, ttft_slo_s=1.0,
+                 itl_slo_s=0.05, local_prefill_max_tokens=512, local_prefill_share=0.275,
+                 burst_rate_rps=14.0)
+    pred = predict_split(L70_FP8, RTX_TP2, 1, 7, w, _paths(1))
+    mean = predict_split(L70_FP8, RTX_TP2, 1, 7, replace(w, burst_rate_rps=None), _paths(1))
+    seen = predict_split(L70_FP8, RTX_TP2, 1, 7, replace(w, burst_rate_rps=None, rate_rps=14.0),
+                         _paths(1))
+    assert seen.overloaded and seen.bottleneck == "prefill" and not mean.overloaded
+    s, served = mean.local_prefill_share, mean.capacity_rps / 14.0
+    assert s == pytest.approx(2 / 8) and served < 1
+    assert pred.attainment == pytest.approx(mean.attainment * (s + (1 - s) * served))
+    assert pred.attainment > mean.attainment * served
+    # Without conditional P/D every prompt queues in the pool: the plain fluid bound.
+    off = replace(w, local_prefill_max_tokens=0)
+    mean_off = predict_split(L70_FP8, RTX_TP2, 1, 7, replace(off, burst_rate_rps=None),
+                             _paths(1))
+    got = predict_split(L70_FP8, RTX_TP2, 1, 7, off, _paths(1)).attainment
+    assert got == pytest.approx(mean_off.attainment * min(1.0, mean_off.capacity_rps / 14.0))
