@@ -231,6 +231,12 @@ def prefill_moves(inp: ModelInput, topo: Topology, target_p: int) -> tuple[int, 
     return into, out_of
 
 
+def extends_regime(mem: MoveMemory | None, regime: Regime | None) -> bool:
+    """Whether the load regime now is the one the last move was decided in (no new regime
+    began after the decision)."""
+    return mem is not None and regime is not None and regime.started_at <= mem.decided_at
+
+
 def extends_move(mem: MoveMemory | None, cur_p: int, best_p: int, moved: bool,
                  regime: Regime | None) -> bool:
     """Whether heading to ``best_p`` prefill workers continues the last move rather than
@@ -240,9 +246,7 @@ def extends_move(mem: MoveMemory | None, cur_p: int, best_p: int, moved: bool,
     began after the decision. A move decided on a young regime is priced on a short
     expected dwell and may stop short of the best layout (a smaller move pays sooner);
     when the regime lasts, the rest pays, and it is the same decision carried on."""
-    if mem is None or moved or regime is None or mem.origin_prefill == mem.target_prefill:
-        return False
-    if regime.started_at > mem.decided_at:
+    if moved or not extends_regime(mem, regime) or mem.origin_prefill == mem.target_prefill:
         return False
     lo, hi = sorted((mem.origin_prefill, mem.target_prefill))
     ahead = (best_p - mem.target_prefill) * (mem.target_prefill - mem.origin_prefill) > 0

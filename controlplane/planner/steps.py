@@ -17,6 +17,7 @@ from .costmodel import Prediction, Workload
 from .dwell import (  # noqa: F401 - re-exported
     cooldown_waiver,
     extends_move,
+    extends_regime,
     load_shift,
     measured_breach,
     next_mix,
@@ -486,6 +487,18 @@ def gate(inp: ModelInput, obs: Observation, cv: CandidateVerdict, ch: ChoiceVerd
         # would be A → B → A at constant load).
         target = move.target_prefill
         not_worse, g_now, g_plan = worth(target)
+        if not_worse and target != cur_p and not moved and extends_regime(mem, regime):
+            # Priced whole when decided, in this regime: re-pricing its rest each window
+            # re-decides it on noise (the live demo's 70B move stopped a worker short, and
+            # the next window started that worker's move as a second one; issue 17).
+            return GateVerdict(
+                "go", "continue-move", move_verdict="finish",
+                detail=f"{move.target_layout} is still predicted at least as good as staying "
+                       f"put, and the load is the regime the move was decided in "
+                       f"{now - mem.decided_at:,.0f} s ago (moved {shift:.0%}, within the "
+                       f"{margin:.0%} margin): the move was priced whole then, and its rest is "
+                       "not re-priced on one window", gain_now=g_now, gain_plan=g_plan,
+                target_score=score(target), **base), target
         if not_worse and target != cur_p:
             return priced(GateVerdict(
                 "go", "continue-move", move_verdict="finish",
