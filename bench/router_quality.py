@@ -30,7 +30,8 @@ Load: 1× offers each engine 25 % (``NOMINAL_SHARE``) of its nominal prefill cap
 simulator's own step time for an 8,192-token prefill chunk) in prompt tokens, before any
 cache hit; the trace's arrival times are compressed accordingly (scaled with the fleet
 size), so 2× and 4× overload a fleet that does not reuse prefixes. Every cell replays the
-first ``--requests`` requests of the trace (the same requests for every router).
+first ``--requests`` requests of the trace (the same requests for every router), or with
+``--start N`` requests N to N + ``--requests`` (rows carry ``start``).
 
 SLOs from ../shared/data/scenarios.json: Mooncake (mean prompt 15k tokens) is judged by
 ``long-context-32k``, Azure conversation by ``chat-low-concurrency``, Azure code by
@@ -143,10 +144,15 @@ def prefill_tokens_per_s() -> float:
     return step.num_prefill_tokens / step.duration
 
 
-def load_trace(name: str, limit: int) -> Workload:
+def load_trace(name: str, limit: int, start: int = 0) -> Workload:
+    """Requests ``start`` to ``start + limit`` of the trace (``--start``: another slice of
+    it, the same cell on different requests)."""
     path = SHARED / "data" / "traces" / TRACES[name][0]
-    return load_mooncake(path, limit=limit) if name == "mooncake" else load_azure(
-        path, limit=limit)
+    workload = load_mooncake(path, limit=start + limit) if name == "mooncake" else load_azure(
+        path, limit=start + limit)
+    if start:
+        workload = Workload(workload.name, workload.requests[start:], workload.prompts)
+    return workload
 
 
 def scaled(workload: Workload, engines: int, load: float, capacity: float) -> Workload:
@@ -167,9 +173,10 @@ def scaled(workload: Workload, engines: int, load: float, capacity: float) -> Wo
 def run_cell(args: tuple) -> dict:
     trace, engines, load, router_name, requests, capacity, *rest = args
     shed_factor = rest[0] if rest else 0.0
+    start = rest[1] if len(rest) > 1 else 0
     scenarios = json.loads((SHARED / "data" / "scenarios.json").read_text())
     slo = scenarios["workloads"][TRACES[trace][1]]["slo"]
-    workload = scaled(load_trace(trace, requests), engines, load, capacity)
+    workload = scaled(load_trace(trace, requests, start), engines, load, capacity)
     if router_name in VARIANTS:
         # The operator's policy states the SLO the fleet is judged by (the table carries
         # its TTFT ÷ ITL ratio to the router).
@@ -218,7 +225,7 @@ def run_cell(args: tuple) -> dict:
             if per_worker.get(m.engine_id, 0) > SPREAD_LIMIT * mean]
     return {
         "trace": trace, "engines": engines, "load": load, "router": router_name,
-        "requests": len(rows), "failed": sum(r.error is not None for r in rows),
+        "start": start, "requests": len(rows), "failed": sum(r.error is not None for r in rows),
         "goodput_rps": round(good / window, 4), "good": good,
         "ttft_p95_ms": round(percentile(ttfts, 95) or 0.0, 1),
         "itl_p95_ms": round(percentile(itls, 95) or 0.0, 2),
@@ -309,6 +316,9 @@ def main() -> None:
                    help=f"of {', '.join([*VARIANTS, *BASELINES])}")
     p.add_argument("--requests", type=int, default=None,
                    help="requests per cell (default 50 per engine; --quick: 160)")
+    p.add_argument("--start", type=int, default=0,
+                   help="replay the trace from this request on (another slice: is a gap "
+                   "between routers signal or one slice's noise?)")
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--shed-factor", type=float, default=0.0,
                    help="every router: shed requests still queued this many times the TTFT "
@@ -324,7 +334,7 @@ def main() -> None:
             for load in loads:
                 for router in args.routers.split(","):
                     cells.append((trace, engines, load, router, n, capacity,
-                                  args.shed_factor))
+                                  args.shed_factor, args.start))
     started = time.perf_counter()
     with multiprocessing.Pool(max(args.jobs, 1)) as pool:
         rows = pool.map(run_cell, cells, chunksize=1)

@@ -51,3 +51,13 @@ def test_the_honest_router_is_the_streamed_learner_and_the_unstreamed_one_is_jud
     assert not s["honest_spread_goal_met"]  # 1.6 and less goodput: not paid
     assert s["unstreamed_vs_best_baseline"] == 1.02
     assert s["unstreamed_spread_goal_met"]  # more reuse and more goodput: paid
+
+
+def test_start_replays_a_later_slice_of_the_trace():
+    from bench.router_quality import load_trace
+    whole = load_trace("azure-conv", 30)
+    later = load_trace("azure-conv", 10, start=20)
+    assert [r.request_id for r in later.requests] == [
+        r.request_id for r in whole.requests[20:30]]
+    assert [r.request_id for r in load_trace("azure-conv", 10, start=0).requests] == [
+        r.request_id for r in whole.requests[:10]]
