@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -24,6 +25,18 @@ WAIT_S = 30
 # once, one uvicorn took over 60 s to import the app and listen (its log empty, alive). Given
 # the process, a wait ends at once if it exits.
 START_S = 180
+
+
+def pytest_configure(config):
+    """A TERM (CI's time limit, a runner stopping its background shard) ends the run as
+    Ctrl-C does, so the fixtures' teardowns still run. Under the default handler pytest
+    died at once, and the processes the fixtures had started in their own sessions (the
+    real vLLM engines, uvicorn, Celery) outlived it."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, interrupt)
 
 
 def free_port() -> int:
