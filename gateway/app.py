@@ -67,6 +67,7 @@ class Gateway(AdminAPI, PrefixKnowledge, RequestDriver):
         self._urls: dict[tuple[str, str], Target] = {}
         self.pairs = PairHealth(cooldown_s=config.pd_pair_cooldown_s)
         self.metrics.watch_pairs(self.pairs)
+        self.metrics.watch_loads(self.loads)
         self.decision_log = explain.DecisionLog(config.decision_log_sample,
                                                 seed=config.seed)
         self.session: aiohttp.ClientSession | None = None

@@ -178,10 +178,10 @@ class GatewayMetrics:
             "pdplane_gateway_request_duration_seconds", "Whole request at the gateway",
             ["model"], buckets=LATENCY_BUCKETS, registry=r,
         )
-        self.in_flight = Gauge(
-            "pdplane_gateway_worker_in_flight", "Requests in flight per worker", ["worker"],
-            registry=r,
-        )
+        # Read from the gateway's load table when scraped (watch_loads): nothing is set
+        # on the request path (two gauge updates a request before).
+        self.in_flight = _InFlightCollector(None)
+        r.register(self.in_flight)
         self.table_version = Gauge(
             "pdplane_gateway_routing_table_version", "Version of the applied routing table",
             registry=r,
@@ -224,7 +224,6 @@ class GatewayMetrics:
         self._children: dict = {}
         self._models: dict[str, ModelMetrics] = {}
         # Per worker (by id): the request path's children, one lookup each.
-        self.in_flight_of = Children(self.in_flight)
         self.worker_requests_of = Children(self.worker_requests)  # [worker][stage]
         self._pair_collector = _PairCollector(None)
         r.register(self._pair_collector)
@@ -246,6 +245,11 @@ class GatewayMetrics:
         if found is None:
             found = self._models[name] = ModelMetrics(self, name)
         return found
+
+    def watch_loads(self, loads) -> None:
+        """Export each worker's requests in flight (worker id → ``WorkerLoad``, the table
+        the router books into) at scrape time."""
+        self.in_flight.loads = loads
 
     def watch_pairs(self, pairs) -> None:
         self._pair_collector.pairs = pairs
@@ -309,6 +313,19 @@ class _KvStreamCollector:
         yield stalled
         yield complete
         yield from counters.values()
+
+
+class _InFlightCollector:
+    def __init__(self, loads):
+        self.loads = loads
+
+    def collect(self):
+        family = GaugeMetricFamily("pdplane_gateway_worker_in_flight",
+                                   "Requests in flight per worker", labels=["worker"])
+        if self.loads is not None:
+            for worker, load in list(self.loads.items()):
+                family.add_metric([worker], float(load.in_flight))
+        yield family
 
 
 class _PairCollector:

@@ -45,30 +45,29 @@ class Reservation:
         # On the clock plan_request's ``now`` is on (the queue drains: gateway/load.py).
         self.load = LoadReservation(gateway.loads, plan, prompt_tokens, output_tokens,
                                     block_size, weight, time.monotonic())
-        self._gauge(plan.decode)
+        # (The in-flight gauge reads gateway.loads when scraped: GatewayMetrics.watch_loads.)
         if gateway.peers is not None:  # sibling gateway processes see it too
             (prefill_worker, prefill_blocks), (decode_worker, decode_blocks) = (
                 self.load.prefill, self.load.decode)
             gateway.peers.load(prefill_worker, prefill_blocks, 0.0, 0)
             gateway.peers.load(decode_worker, 0.0, decode_blocks, 1)
 
-    def _gauge(self, worker_id: str) -> None:
-        self.gw.metrics.in_flight_of[worker_id].set(self.gw.loads[worker_id].in_flight)
-
     def prefill_done(self) -> None:
         held = self.load.prefill
+        if held is None:  # done already (or released)
+            return
         self.load.prefill_done(time.monotonic())
-        if held is not None and self.gw.peers is not None:
+        if self.gw.peers is not None:
             self.gw.peers.load(held[0], -held[1], 0.0, 0)
 
     def release(self) -> None:
-        self.prefill_done()
-        held = self.load.decode
-        self.load.release()
-        if held is not None:
-            self._gauge(held[0])
-            if self.gw.peers is not None:
-                self.gw.peers.load(held[0], 0.0, -held[1], -1)
+        load = self.load
+        if load.prefill is not None:
+            self.prefill_done()
+        held = load.decode
+        load.release()
+        if held is not None and self.gw.peers is not None:
+            self.gw.peers.load(held[0], 0.0, -held[1], -1)
 
 
 class StreamWeight:

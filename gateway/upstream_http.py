@@ -468,7 +468,9 @@ class UpstreamPool:
         return None
 
     def _keep(self, conn: _Connection) -> None:
-        idle = self._idle.setdefault(conn.key, [])
+        idle = self._idle.get(conn.key)
+        if idle is None:
+            idle = self._idle[conn.key] = []
         if self._closed or len(idle) >= MAX_IDLE_PER_HOST:
             conn.close()
             return
