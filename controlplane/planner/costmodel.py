@@ -372,7 +372,8 @@ class Workload:
     # those conditional P/D prefills on their decode worker (the gateway's
     # "pd_local_prefill" decisions ÷ all in a split; the prompt-token histogram's mass below
     # the threshold ÷ (1 − hit) otherwise). None: counted on the fitted quantile prompts,
-    # which place the low end of a two-humped distribution badly (dispatch.prompt_points).
+    # which place the low end of a two-humped distribution badly (used in splits only:
+    # dispatch.prompt_points).
     local_prefill_share: float | None = None
 
     @property

@@ -45,15 +45,20 @@ def prompt_work(w: Workload, isl_pts: tuple[float, ...]) -> list[tuple[float, fl
     return [(min(u, x), max(x - u, 0.0)) for u, x in zip(unc, isl_pts, strict=True)]
 
 
-def prompt_points(w: Workload) -> tuple[tuple[float, ...], tuple[float, ...],
-                                         list[tuple[float, float]]]:
-    """(prompt lengths, decode contexts, (uncached, cached) work) at the eight quantiles,
-    with the share of prompts short enough for conditional P/D's local prefill as measured
-    when given (:func:`local_share_points`): the gateway decides per request on the part not
-    cached, so that share is a fact of the workload the fitted shape must respect."""
+def prompt_points(w: Workload, split: bool = True) -> tuple[
+        tuple[float, ...], tuple[float, ...], list[tuple[float, float]]]:
+    """(prompt lengths, decode contexts, (uncached, cached) work) at the eight quantiles.
+    In a split (``split``) with the share of prompts short enough for conditional P/D's
+    local prefill measured, the points respect it (:func:`local_share_points`): the gateway
+    decides per request on the part not cached, so which prompts the decode pool prefills
+    is that share, not the fit's count of points under the threshold. An aggregated pool
+    keeps the mean + p95 fit: there no routing turns on the threshold, and the reshaped
+    tail (the mass of the short prompts moved onto the long ones) priced Mooncake ×2
+    aggregated on 32 H200 workers at 61 % within targets against 81 % simulated (78 % with
+    the fit; docs/benchmarks.md, prediction accuracy, H4)."""
     isl, ctx = points(w)
     work = prompt_work(w, isl)
-    if w.local_prefill_share is None or w.local_prefill_max_tokens <= 0:
+    if not split or w.local_prefill_share is None or w.local_prefill_max_tokens <= 0:
         return isl, ctx, work
     shaped = local_share_points(work, float(w.local_prefill_max_tokens), w.local_prefill_share)
     if shaped is work:
@@ -148,12 +153,7 @@ def with_bursts(w: Workload, predict) -> Prediction:
         return mean
     seen = predict(replace(base, rate_rps=burst))
     if seen.overloaded:
-        # Conditional P/D: the prompts short enough to prefill on their decode worker never
-        # enter the prefill pool, so a burst that saturates that pool does not queue them;
-        # the fluid bound holds for the rest (taken at the mean load's share for both).
-        local = mean.local_prefill_share if seen.bottleneck == "prefill" else 0.0
-        served = min(1.0, mean.capacity_rps / burst)
-        share = mean.attainment * (local + (1.0 - local) * served)
+        share = mean.attainment * min(1.0, mean.capacity_rps / burst)
         return replace(mean, attainment=share, goodput_rps=w.rate_rps * share)
     # A burst is counted over one window (Δ = the TTFT target): the work that arrived in it
     # is done within ρ × Δ at the burst's utilisation ρ < 1, so a burst adds at most that to

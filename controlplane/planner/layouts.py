@@ -130,7 +130,7 @@ def _aggregated(
         return (_overloaded(name, 0, workers, w, math.inf, "weights do not fit", gpus,
                             fits=False), 0.0, 0.0)
     r = w.rate_rps / workers
-    isl_pts, ctx_pts, work = prompt_points(w)
+    isl_pts, ctx_pts, work = prompt_points(w, split=remote_above is not None)
     here = [remote_above is None or u <= remote_above for u, _c in work]
     # Prompts prefilled elsewhere do no prefill work here (their KV arrives whole).
     work = [(u, c) if h else (0.0, u + c) for (u, c), h in zip(work, here, strict=True)]

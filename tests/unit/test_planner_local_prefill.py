@@ -161,27 +161,8 @@ def test_a_measured_share_sends_the_short_prompts_to_the_decode_pool():
     off = replace(w, local_prefill_max_tokens=0)
     assert prompt_points(off) == prompt_points(replace(MOONCAKE, local_prefill_max_tokens=0))
     assert math.isfinite(split.capacity_rps)
+    # An aggregated pool keeps the fitted points: no routing there turns on the threshold.
+    assert predict_aggregated(L70_FP8, RTX_TP2, 8, w) == predict_aggregated(
+        L70_FP8, RTX_TP2, 8, MOONCAKE)
+    assert prompt_points(w, split=False) == prompt_points(MOONCAKE)
 
-
-def test_a_burst_that_saturates_the_prefill_pool_spares_the_local_prompts():
-    # Azure-code-like bursts (14 req/s around a request, 0.9 on average) on one prefill
-    # worker: the pool saturates within a burst, but the prompts prefilled on their decode
-    # worker never queue there, so only the rest get the fluid bound.
-    w = Workload(rate_rps=0.9, isl_mean=2000, osl_mean=25, isl_p95=6000, ttft_slo_s=1.0,
-                 itl_slo_s=0.05, local_prefill_max_tokens=512, local_prefill_share=0.275,
-                 burst_rate_rps=14.0)
-    pred = predict_split(L70_FP8, RTX_TP2, 1, 7, w, _paths(1))
-    mean = predict_split(L70_FP8, RTX_TP2, 1, 7, replace(w, burst_rate_rps=None), _paths(1))
-    seen = predict_split(L70_FP8, RTX_TP2, 1, 7, replace(w, burst_rate_rps=None, rate_rps=14.0),
-                         _paths(1))
-    assert seen.overloaded and seen.bottleneck == "prefill" and not mean.overloaded
-    s, served = mean.local_prefill_share, mean.capacity_rps / 14.0
-    assert s == pytest.approx(2 / 8) and served < 1
-    assert pred.attainment == pytest.approx(mean.attainment * (s + (1 - s) * served))
-    assert pred.attainment > mean.attainment * served
-    # Without conditional P/D every prompt queues in the pool: the plain fluid bound.
-    off = replace(w, local_prefill_max_tokens=0)
-    mean_off = predict_split(L70_FP8, RTX_TP2, 1, 7, replace(off, burst_rate_rps=None),
-                             _paths(1))
-    got = predict_split(L70_FP8, RTX_TP2, 1, 7, off, _paths(1)).attainment
-    assert got == pytest.approx(mean_off.attainment * min(1.0, mean_off.capacity_rps / 14.0))
