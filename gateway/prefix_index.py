@@ -37,20 +37,31 @@ _FOREVER = float("inf")
 ROOT = b"pdplane-prefix-v1"
 
 
+_blake2b = hashlib.blake2b
+
+
 def _h(parent: bytes, chunk: bytes) -> bytes:
-    return hashlib.blake2b(parent + chunk, digest_size=8).digest()
+    return _blake2b(parent + chunk, digest_size=8).digest()
 
 
 def text_chunk_hashes(text: str, chunk_chars: int, limit: int = 4096) -> list[bytes]:
-    """Chained hashes of the full ``chunk_chars``-character chunks of ``text``."""
+    """Chained hashes of the full ``chunk_chars``-character chunks of ``text`` (at most
+    ``limit``, and at least one where there is a full chunk)."""
     data = text.encode("utf-8", "surrogatepass")
-    out, parent = [], ROOT
-    step = max(int(chunk_chars), 1)
-    for start in range(0, len(data) - step + 1, step):
-        parent = _h(parent, data[start : start + step])
-        out.append(parent)
-        if len(out) >= limit:
-            break
+    step = int(chunk_chars)
+    if step < 1:
+        step = 1
+    # The number of chunks up front instead of a length test per chunk, and _h inlined
+    # (issue 19: this runs on every request; the same hashes as before,
+    # tests/unit/test_gateway_hot_paths_prefix_index.py).
+    end = len(data) // step
+    if end > limit:
+        end = limit if limit >= 1 else (1 if end else 0)
+    out: list[bytes] = []
+    append, blake2b, parent = out.append, _blake2b, ROOT
+    for start in range(0, end * step, step):
+        parent = blake2b(parent + data[start : start + step], digest_size=8).digest()
+        append(parent)
     return out
 
 
@@ -155,12 +166,14 @@ class ApproxPrefixIndex:
         """Worker id → number of leading chunks it is believed to hold."""
         # Plain loops, no comprehension per chunk (each is a call): the workers alive at the
         # first chunk, in the same set (so ``matched`` keeps its order), then only those
-        # of them whose entry has not expired.
-        entries = self._entries
+        # of them whose entry has not expired. A worker's count is written once, when it
+        # drops out or at the end (issue 19: not once per chunk).
+        get = self._entries.get
         matched: dict[str, int] = {}
         alive: set[str] | None = None
-        for n, h in enumerate(hashes, 1):
-            holders = entries.get((model, h))
+        n = 0
+        for h in hashes:
+            holders = get((model, h))
             if not holders:
                 break
             if alive is None:
@@ -168,6 +181,10 @@ class ApproxPrefixIndex:
                 for w, expiry in holders.items():
                     if expiry > now:
                         alive.add(w)
+                if not alive:
+                    return matched
+                for w in alive:
+                    matched[w] = 1
             else:
                 gone = None
                 for w in alive:
@@ -177,9 +194,13 @@ class ApproxPrefixIndex:
                             gone = []
                         gone.append(w)
                 if gone is not None:
+                    for w in gone:
+                        matched[w] = n
                     alive = alive.difference(gone)
-            if not alive:
-                break
+                    if not alive:
+                        return matched
+            n += 1
+        if n > 1:
             for w in alive:
                 matched[w] = n
         return matched
