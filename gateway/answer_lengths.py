@@ -101,6 +101,8 @@ class AnswerLengths:
         self.default_tokens = default_tokens
         # (model, prompt class) -> lengths; class -1: every prompt of the model.
         self._hists: dict[tuple[str, int], _Histogram] = {}
+        # (model, prompt class) -> (its model's histogram, its own): observe's lookup.
+        self._pairs: dict[tuple[str, int], tuple[_Histogram, _Histogram]] = {}
         self._start: float | None = None  # earliest dispatch of an answer seen (``now``'s clock)
         self.epoch = 0  # grows every ~1/64 of the memory's answers (see observe)
         self._answers = 0
@@ -131,28 +133,36 @@ class AnswerLengths:
         else:
             duration_s = None
         # Both histograms (the model's, the prompt class's) in one loop, the bucket once:
-        # this runs per finished answer (the arithmetic is what a separate _add did).
+        # this runs per finished answer (the arithmetic is what a separate _add did). The
+        # pair is looked up once per (model, prompt class) key (issue 19: no key tuples
+        # per histogram), and the duration's test is out of the loop.
         b = int(completion_tokens).bit_length() - 1
         if b >= BUCKETS:
             b = BUCKETS - 1
         decay = self.decay
-        hists = self._hists
         prompt_class = int(prompt_tokens)
         prompt_class = prompt_class.bit_length() if prompt_class > 0 else 0  # _prompt_class
-        for key in ((model, -1), (model, prompt_class)):
-            hist = hists.get(key)
-            if hist is None:
-                hist = hists[key] = _Histogram()
-            scale = hist.scale = hist.scale / decay
-            if scale > 1e100:  # fold the scale back in before it overflows
-                for sums in (hist.count, hist.inverse, hist.dur, hist.dur_inverse):
-                    sums[:] = [v / scale for v in sums]
-                scale = hist.scale = 1.0
-            scale *= count
-            hist.count[b] += scale
-            hist.inverse[b] += scale / completion_tokens
-            hist.total += 1
-            if duration_s is not None:
+        pair = self._pairs.get((model, prompt_class))
+        if pair is None:
+            pair = self._pair(model, prompt_class)
+        if duration_s is None:
+            for hist in pair:
+                scale = hist.scale = hist.scale / decay
+                if scale > 1e100:  # fold the scale back in before it overflows
+                    scale = _fold(hist, scale)
+                scale *= count
+                hist.count[b] += scale
+                hist.inverse[b] += scale / completion_tokens
+                hist.total += 1
+        else:
+            for hist in pair:
+                scale = hist.scale = hist.scale / decay
+                if scale > 1e100:
+                    scale = _fold(hist, scale)
+                scale *= count
+                hist.count[b] += scale
+                hist.inverse[b] += scale / completion_tokens
+                hist.total += 1
                 hist.dur[b] += scale * duration_s
                 hist.dur_inverse[b] += scale * duration_s / completion_tokens
                 hist.timed += 1
@@ -164,6 +174,18 @@ class AnswerLengths:
             self._next_epoch = self._epoch_after(answers)
             for stream in tuple(self.following):
                 stream.rebook()
+
+    def _pair(self, model: str, prompt_class: int) -> tuple[_Histogram, _Histogram]:
+        """The model's histogram and the prompt class's, made (in that order) if new."""
+        hists = self._hists
+        pair = []
+        for key in ((model, -1), (model, prompt_class)):
+            hist = hists.get(key)
+            if hist is None:
+                hist = hists[key] = _Histogram()
+            pair.append(hist)
+        found = self._pairs[(model, prompt_class)] = (pair[0], pair[1])
+        return found
 
     def _epoch_after(self, answers: int) -> int:
         """The first count of answers ``a`` > ``answers`` with ``(a - answers) × 64 ≥
@@ -278,6 +300,14 @@ class AnswerLengths:
             seen += count
         return weighted / seen if seen > 0 else stall_weight(
             cap or self.default_tokens, ttft_itl_ratio)
+
+
+def _fold(hist: _Histogram, scale: float) -> float:
+    """Folds the scale back into the sums before it overflows; the new scale (1.0)."""
+    for sums in (hist.count, hist.inverse, hist.dur, hist.dur_inverse):
+        sums[:] = [v / scale for v in sums]
+    hist.scale = 1.0
+    return 1.0
 
 
 def _prompt_class(prompt_tokens: int) -> int:
