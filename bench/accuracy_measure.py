@@ -10,8 +10,9 @@ import statistics
 
 
 def window_gaps(r, t0: float, t_end: float) -> list[float]:
-    """The token gaps of ``r`` that end inside the measured window [t0, last arrival]: the
-    steady state. After the last arrival no prompt is prefilled any more, so gaps in the
+    """The token gaps of ``r`` that end inside [t0, t_end]: the steady state when ``t_end``
+    is the last arrival (the benchmark's, that of the cool-down tail after the measured
+    arrivals). After the last arrival no prompt is prefilled any more, so gaps in the
     drain are all pure decode steps (a run of long answers has most of its gaps there)."""
     if r.first_token_time is None:
         return []
@@ -27,7 +28,9 @@ def window_gaps(r, t0: float, t_end: float) -> list[float]:
 
 def steady_share(late, gaps: dict, ttft_s: float, itl_s: float) -> float:
     """Share of the measured requests within both targets: TTFT, and the mean of the token
-    gaps each had inside the window (all its gaps when none fell inside)."""
+    gaps each had inside the window (all its gaps when none fell inside). With the window
+    running to the cool-down tail's last arrival, that is all the gaps of a request that
+    finished under load, and the part under load of one that outlived the tail."""
     if not late:
         return 0.0
     ok = 0

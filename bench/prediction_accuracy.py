@@ -31,9 +31,18 @@ says overloaded). Hence:
   capped at 10) are over the ``stable_cells`` both call stable;
 * ``share_abs_err_p90`` is over every cell except those both call overloaded (there the
   steady-state share is 0 and the finite run's is transient);
-* ITL p95 and the share within targets count the token gaps that end inside the measured
-  window [first measured arrival, last arrival]: after the last arrival no prompt is
-  prefilled, so drain gaps are pure decode steps (the all-gaps figures stay in each cell);
+* the measured arrivals are followed by a **cool-down tail** of further arrivals from the
+  same generator or trace (:func:`with_tail`: the life of a request at the targets past the
+  last measured arrival, at most as many arrivals as the measured set), simulated and not
+  measured, so the measured requests live their whole lives under steady arrivals, as the
+  model's requests do. ITL p95 and the share within targets count the token gaps that end
+  in [first measured arrival, last arrival of the tail]: a measured request that finishes
+  in the tail is judged on all its gaps, one that outlives it on its gaps under load. After
+  the last arrival no prompt is prefilled, so drain gaps are pure decode steps. Before the
+  tail (issue 16 H4 and earlier) the window ended at the last measured arrival and most
+  late requests were judged on the first part of their lives only
+  (``share_window_measured`` keeps that rule; ``share_all`` and ``itl_p95_all_s`` count
+  every gap of the measured requests, drain included);
 * ``rank_corr_min`` is the worst Spearman correlation (average ranks for ties) across a
   case's layouts of the model's order against the run's, at the run's resolution: goodput
   as this run's requests within targets (the model's share × the same count, rounded); an
@@ -154,15 +163,49 @@ def make_workload(cluster: dict, name: str, load: float, n: int):
     return wl, slo
 
 
-def simulate(cluster: dict, wl, slo: dict, n_prefill: int, trace: bool = False) -> dict:
+def with_tail(cluster: dict, name: str, load: float, m: int):
+    """(The workload of ``m`` measured arrivals followed by a cool-down tail, its SLO, the
+    tail's request ids). The tail is the next arrivals of the same generator or trace (the
+    first ``m`` are exactly ``make_workload(m)``'s), simulated but not scored, so that the
+    measured requests live their whole lives under the same arrivals instead of in a
+    draining fleet. It runs for the life of a request at the targets (TTFT target + mean
+    answer × ITL target) after the last measured arrival: a mean-length request that meets
+    the ITL target finishes inside it, so the requests whose judgment is at stake are judged
+    under load; it holds at most as many arrivals as the measured set (:data:`TAIL_MAX`);
+    a trace may hold fewer."""
+    wl, slo = make_workload(cluster, name, load, m)
+    head = sorted(wl.requests, key=lambda r: r.arrival)
+    measured = head[int(len(head) * WARMUP_SHARE):]
+    if not measured:
+        return wl, slo, set()
+    life = (slo["ttft_ms"] + statistics.fmean(r.output_length for r in measured)
+            * slo["itl_ms"]) / 1000
+    big, _ = make_workload(cluster, name, load, m + math.ceil(TAIL_MAX * len(measured)))
+    more = sorted(big.requests, key=lambda r: r.arrival)
+    if [r.request_id for r in more[:len(head)]] != [r.request_id for r in head]:
+        raise RuntimeError(f"{name}: the first {m} arrivals differ with a tail")
+    t_m = head[-1].arrival
+    tail = [r for r in more[len(head):] if r.arrival <= t_m + life]
+    return replace(big, requests=head + tail), slo, {r.request_id for r in tail}
+
+
+TAIL_MAX = 1.0  # the tail holds at most this many times the measured arrivals
+
+
+def simulate(cluster: dict, wl, slo: dict, n_prefill: int, trace: bool = False,
+             tail: frozenset | set = frozenset()) -> dict:
+    """Run ``wl`` on the layout and measure it; requests whose ids are in ``tail`` are the
+    cool-down tail (:func:`with_tail`): simulated, not measured."""
     engines = sim_engines(cluster, static_roles(cluster, n_prefill))
     fleet = VirtualFleet(engines, sim_links(cluster))
     result = fleet.run(wl)
     decisions = getattr(fleet.router, "decisions", {}) or {}
     routed = sum(decisions.values())
-    arrivals = sorted(r.arrival for r in wl.requests)
+    # The last arrival of all, tail included: arrivals are steady up to here.
+    t_end = max((r.arrival for r in wl.requests), default=0.0)
+    arrivals = sorted(r.arrival for r in wl.requests if r.request_id not in tail)
     t0 = arrivals[int(len(arrivals) * WARMUP_SHARE)] if arrivals else 0.0
-    late = [r for r in result.results if r.arrival >= t0]
+    late = [r for r in result.results if r.arrival >= t0 and r.request_id not in tail]
     span = max(arrivals[-1] - t0, 1e-9) if arrivals else 1.0
     s = summarize(late, slo["ttft_ms"], slo["itl_ms"], 0.9, result.num_gpus, duration=span)
     prompts = [r.prompt_tokens for r in late if r.error is None]
@@ -178,11 +221,18 @@ def simulate(cluster: dict, wl, slo: dict, n_prefill: int, trace: bool = False) 
              / max(len(prompts), 1) if trace else None)
     burst, cv2_in = (burst_rate([a for a in arrivals if a >= t0], slo["ttft_ms"] / 1000)
                      if trace else (None, 1.0))
-    t_end = arrivals[-1] if arrivals else 0.0
+    # Token gaps under steady arrivals: those that end in [t0, last arrival] (tail
+    # included). A measured request that finishes inside the tail is judged on all its gaps;
+    # one that outlives it on its gaps up to the last arrival (not the drain's).
     gaps = {id(r): window_gaps(r, t0, t_end) for r in result.results}
     itl_window = [g for r in result.results for g in gaps[id(r)]]
     share = steady_share(late, gaps, slo["ttft_ms"] / 1000, slo["itl_ms"] / 1000)
     mean_itl = statistics.fmean(itl_window) if itl_window else 0.0
+    # The rule before the tail, for comparison: gaps that end by the last *measured* arrival.
+    t_m = arrivals[-1] if arrivals else 0.0
+    share_m = steady_share(late, {id(r): window_gaps(r, t0, t_m) for r in late},
+                           slo["ttft_ms"] / 1000, slo["itl_ms"] / 1000)
+    done = sum(1 for r in late if r.finish_time is not None and r.finish_time <= t_end)
     return {
         "ttft_p95_s": (s.ttft_ms.get("p95") or 0) / 1000 if s.ttft_ms.get("p95") else None,
         "itl_p95_s": percentile(itl_window, 95) if itl_window else None,
@@ -191,6 +241,14 @@ def simulate(cluster: dict, wl, slo: dict, n_prefill: int, trace: bool = False) 
         # The same over every token gap, drain after the last arrival included.
         "itl_p95_all_s": (s.itl_ms.get("p95") or 0) / 1000 if s.itl_ms.get("p95") else None,
         "share_all": s.slo_attainment,
+        # The measured requests judged on their gaps up to the last measured arrival (the
+        # rule before the cool-down tail: most of a late request's life fell outside).
+        "share_window_measured": share_m,
+        # The cool-down tail: its arrivals, its length past the last measured arrival, and
+        # the share of measured requests that finished before its last arrival.
+        "tail_requests": len(tail),
+        "tail_s": t_end - t_m,
+        "finished_under_load": done / len(late) if late else 0.0,
         "window_s": span,
         "lifetime_s": statistics.fmean([r.output_tokens for r in late]) * mean_itl if late else 0,
         "rate_rps": len(late) / span,
@@ -277,12 +335,12 @@ def _job(args):
     started = time.perf_counter()
     m = n
     while True:
-        wl, slo = make_workload(cluster, wname, load, m)
-        sim = simulate(cluster, wl, slo, n_prefill, trace=wname in TRACES)
+        wl, slo, tail = with_tail(cluster, wname, load, m)
+        sim = simulate(cluster, wl, slo, n_prefill, trace=wname in TRACES, tail=tail)
         # Too short for steady state: rerun with enough arrivals to span a life, as this
         # run estimates it (a censored run underestimates it: its batch was not full,
         # hence the loop), up to MAX_SCALE × n; a trace may hold no more requests.
-        if not censored(sim) or m >= max_scale * n or len(wl.requests) < m:
+        if not censored(sim) or m >= max_scale * n or len(wl.requests) - len(tail) < m:
             break
         need = math.ceil(m * MIN_LIVES * sim["lifetime_s"] / max(sim["window_s"], 1e-9))
         m = min(max(need, 2 * m), max_scale * n)
