@@ -121,13 +121,19 @@ class AnswerLengths:
         count = 1.0
         if duration_s is not None and now is not None and duration_s >= 0:
             start = now - duration_s
-            if self._start is None:  # the first answer: no span to judge it by yet
+            first = self._start
+            if first is None:  # the first answer: no span to judge it by yet
                 self._start = start
             else:
-                self._start = min(self._start, start)
-                span = now - self._start
-                count = min(IPW_CAP, span / (span - duration_s)) if span > duration_s \
-                    else IPW_CAP
+                if start < first:  # min(first, start), without the call
+                    first = self._start = start
+                span = now - first
+                if span > duration_s:
+                    count = span / (span - duration_s)
+                    if not count < IPW_CAP:  # min(IPW_CAP, count)
+                        count = IPW_CAP
+                else:
+                    count = IPW_CAP
             if 0.0 < duration_s < MIN_DURATION_S:
                 duration_s = MIN_DURATION_S
         else:
