@@ -329,48 +329,32 @@ def _choose(model: ModelRoute, scores: list[Scored], active: Sequence[WorkerEntr
 def _only_candidate(model: ModelRoute, w: WorkerEntry, prompt_tokens: int,
                     cached_tokens: Mapping[str, int], loads: Mapping[str, WorkerLoad],
                     rng: random.Random, inflow: Mapping[str, float] | None) -> RoutePlan:
-    """:func:`plan_request` for an aggregated model with one worker, which can take the
-    request: the same plan (reason, cached tokens, score), with blocks_for, _score,
-    cost_of, _choose and pick inlined, the same arithmetic in the same order (issue 19:
-    2.6x faster on a one-worker model; tests/unit/test_gateway_hot_paths_router.py holds
-    the general path as the oracle)."""
+    """:func:`plan_request` for an aggregated model whose one worker can take the request:
+    the same plan (reason, cached tokens, score from the one :func:`cost_of`), without the
+    fleet-wide sums over one worker and the choice among one (issue 19: this is every
+    request's path on a one-worker model; tests/unit/test_gateway_hot_paths_router.py
+    holds the general path as the oracle)."""
     bs = model.block_size
-    request_blocks = math.ceil(prompt_tokens / (bs if bs > 1 else 1))
-    if request_blocks < 0:
-        request_blocks = 0
+    request_blocks = blocks_for(prompt_tokens, bs)
     load = loads.get(w.id)
-    if load is not None:
-        in_flight = 0.0 + load.in_flight
-        kv_in_flight = 0.0 + load.decode_blocks
-        own = 0.0 + load.own_requests
-        weight_sum = 0.0 + load.stall_weight_sum
-        stall_floor = kv_in_flight / in_flight if in_flight > 0 else float(request_blocks)
-        fleet_weight = weight_sum / own if own > 0 else 1.0
-        weight = load.stall_weight_sum / load.own_requests if load.own_requests > 0 \
-            else fleet_weight
-    else:
-        load = _NO_LOAD
-        stall_floor = float(request_blocks)
-        weight = load.stall_weight_sum / load.own_requests if load.own_requests > 0 else 1.0
-    cached = cached_tokens.get(w.id, 0)
-    cached_blocks = (prompt_tokens if prompt_tokens < cached else cached) / bs
-    credit = model.kv_overlap_weight * cached_blocks
-    if request_blocks < credit:
-        credit = request_blocks
-    uncached = request_blocks - credit
-    queued = load.prefill_blocks
-    prefill = model.load_weight * ((0.0 if queued < 0.0 else queued) + uncached)
-    running = load.in_flight
-    decode = weight * (0 if running < 0 else running) * (
-        stall_floor if stall_floor > uncached else uncached)
-    score = Scored(w.id, prefill + decode, prefill, decode, cached_blocks)
-    cost = score.cost
-    chosen = score if cost <= cost + 1e-9 else pick(
+    if load is None:
+        load, stall_floor, fleet_weight = _NO_LOAD, float(request_blocks), 1.0
+    else:  # the general path's fleet sums, over this one worker (0.0 + as they start)
+        in_flight, own = 0.0 + load.in_flight, 0.0 + load.own_requests
+        stall_floor = ((0.0 + load.decode_blocks) / in_flight if in_flight > 0
+                       else float(request_blocks))
+        fleet_weight = (0.0 + load.stall_weight_sum) / own if own > 0 else 1.0
+    score = cost_of(
+        w.id, load, request_blocks, min(cached_tokens.get(w.id, 0), prompt_tokens) / bs,
+        overlap_weight=model.kv_overlap_weight, load_weight=model.load_weight,
+        kv_reuse=True, stall_floor=stall_floor,
+        stall_weight=load.mean_stall_weight(fleet_weight))
+    # One candidate: pick would return it (and draw nothing); a NaN cost goes through pick
+    # as it does on the general path.
+    chosen = score if score.cost == score.cost else pick(
         [score], model.temperature, rng, loads, inflow, model.cache_balance_band)
-    plan = RoutePlan(chosen.worker_id, None, "only_candidate", int(chosen.cached_blocks * bs),
-                     [score])
-    plan.ttft_itl_ratio = model.ttft_itl_ratio
-    return plan
+    return _plan(model, chosen.worker_id, None, "only_candidate",
+                 int(chosen.cached_blocks * bs), [score])
 
 
 def plan_request(
