@@ -33,16 +33,20 @@ says overloaded). Hence:
   steady-state share is 0 and the finite run's is transient);
 * the measured arrivals are followed by a **cool-down tail** of further arrivals from the
   same generator or trace (:func:`with_tail`: the life of a request at the targets past the
-  last measured arrival, at most as many arrivals as the measured set), simulated and not
+  last measured arrival, at most as many arrivals as the measured set; a trace's next
+  requests arrive at the measured window's own inter-arrival gaps, replayed, because the
+  trace's own next arrivals can be a burst the model is not told of), simulated and not
   measured, so the measured requests live their whole lives under steady arrivals, as the
-  model's requests do. ITL p95 and the share within targets count the token gaps that end
-  in [first measured arrival, last arrival of the tail]: a measured request that finishes
-  in the tail is judged on all its gaps, one that outlives it on its gaps under load. After
-  the last arrival no prompt is prefilled, so drain gaps are pure decode steps. Before the
-  tail (issue 16 H4 and earlier) the window ended at the last measured arrival and most
-  late requests were judged on the first part of their lives only
-  (``share_window_measured`` keeps that rule; ``share_all`` and ``itl_p95_all_s`` count
-  every gap of the measured requests, drain included);
+  model's requests do. The share within targets judges each measured request on its token
+  gaps up to the tail's last arrival: all of them when it finishes in the tail, the part
+  under load when it outlives it (after the last arrival no prompt is prefilled, so drain
+  gaps are pure decode steps). ITL p95 stays the p95 of every request's gaps that end in
+  the measured window [first measured arrival, last measured arrival] (the simulator is
+  causal, so the tail does not change it). Before the tail (issue 16 H4 and earlier)
+  requests were judged on their gaps in that window, so most late requests were judged on
+  the first part of their lives only (``share_window_measured`` keeps that rule;
+  ``share_all`` and ``itl_p95_all_s`` count every gap of the measured requests, drain
+  included);
 * ``rank_corr_min`` is the worst Spearman correlation (average ranks for ties) across a
   case's layouts of the model's order against the run's, at the run's resolution: goodput
   as this run's requests within targets (the model's share × the same count, rounded); an
@@ -75,6 +79,7 @@ placed exactly by the fitted points).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import multiprocessing
@@ -168,11 +173,12 @@ def with_tail(cluster: dict, name: str, load: float, m: int):
     tail's request ids). The tail is the next arrivals of the same generator or trace (the
     first ``m`` are exactly ``make_workload(m)``'s), simulated but not scored, so that the
     measured requests live their whole lives under the same arrivals instead of in a
-    draining fleet. It runs for the life of a request at the targets (TTFT target + mean
-    answer × ITL target) after the last measured arrival: a mean-length request that meets
-    the ITL target finishes inside it, so the requests whose judgment is at stake are judged
-    under load; it holds at most as many arrivals as the measured set (:data:`TAIL_MAX`);
-    a trace may hold fewer."""
+    draining fleet (a trace's tail keeps its requests at the measured window's
+    inter-arrival gaps: see below). It runs for the life of a request at the targets
+    (TTFT target + mean answer × ITL target) after the last measured arrival: a mean-length
+    request that meets the ITL target finishes inside it, so the requests whose judgment is
+    at stake are judged under load; it holds at most as many arrivals as the measured set
+    (:data:`TAIL_MAX`); a trace may hold fewer."""
     wl, slo = make_workload(cluster, name, load, m)
     head = sorted(wl.requests, key=lambda r: r.arrival)
     measured = head[int(len(head) * WARMUP_SHARE):]
@@ -185,7 +191,20 @@ def with_tail(cluster: dict, name: str, load: float, m: int):
     if [r.request_id for r in more[:len(head)]] != [r.request_id for r in head]:
         raise RuntimeError(f"{name}: the first {m} arrivals differ with a tail")
     t_m = head[-1].arrival
-    tail = [r for r in more[len(head):] if r.arrival <= t_m + life]
+    nxt = more[len(head):]
+    if name in TRACES and len(measured) > 1:
+        # A trace is not stationary: its next arrivals can be a burst the measured window
+        # never saw (Azure code's requests 201-260 arrive at 10-30x the measured rate).
+        # The tail keeps the trace's next requests (fresh prompts, as the trace has them)
+        # at the measured window's own inter-arrival gaps, replayed in order: the rate and
+        # burstiness the model is told. A generator is stationary: its own times stand.
+        gaps = [b.arrival - a.arrival for a, b in itertools.pairwise(measured)]
+        t, timed = t_m, []
+        for i, r in enumerate(nxt):
+            t += gaps[i % len(gaps)]
+            timed.append(replace(r, arrival=t))
+        nxt = timed
+    tail = [r for r in nxt if r.arrival <= t_m + life]
     return replace(big, requests=head + tail), slo, {r.request_id for r in tail}
 
 
@@ -221,17 +240,21 @@ def simulate(cluster: dict, wl, slo: dict, n_prefill: int, trace: bool = False,
              / max(len(prompts), 1) if trace else None)
     burst, cv2_in = (burst_rate([a for a in arrivals if a >= t0], slo["ttft_ms"] / 1000)
                      if trace else (None, 1.0))
-    # Token gaps under steady arrivals: those that end in [t0, last arrival] (tail
-    # included). A measured request that finishes inside the tail is judged on all its gaps;
-    # one that outlives it on its gaps up to the last arrival (not the drain's).
-    gaps = {id(r): window_gaps(r, t0, t_end) for r in result.results}
-    itl_window = [g for r in result.results for g in gaps[id(r)]]
-    share = steady_share(late, gaps, slo["ttft_ms"] / 1000, slo["itl_ms"] / 1000)
-    mean_itl = statistics.fmean(itl_window) if itl_window else 0.0
-    # The rule before the tail, for comparison: gaps that end by the last *measured* arrival.
+    # ITL p95 (and the mean gap that sets a request's life) over every request's token
+    # gaps that end in the measured window [t0, last measured arrival]: the fleet's gaps
+    # under the measured arrivals, those the model is told of (the simulator is causal:
+    # the tail does not change them).
     t_m = arrivals[-1] if arrivals else 0.0
-    share_m = steady_share(late, {id(r): window_gaps(r, t0, t_m) for r in late},
-                           slo["ttft_ms"] / 1000, slo["itl_ms"] / 1000)
+    window = {id(r): window_gaps(r, t0, t_m) for r in result.results}
+    itl_window = [g for r in result.results for g in window[id(r)]]
+    mean_itl = statistics.fmean(itl_window) if itl_window else 0.0
+    # A measured request is judged on its gaps up to the tail's last arrival: all of them
+    # when it finishes under load, the part under load when it outlives the tail (not the
+    # drain's pure decode steps).
+    gaps = {id(r): window_gaps(r, t0, t_end) for r in late}
+    share = steady_share(late, gaps, slo["ttft_ms"] / 1000, slo["itl_ms"] / 1000)
+    # The rule before the tail, for comparison: gaps that end by the last measured arrival.
+    share_m = steady_share(late, window, slo["ttft_ms"] / 1000, slo["itl_ms"] / 1000)
     done = sum(1 for r in late if r.finish_time is not None and r.finish_time <= t_end)
     return {
         "ttft_p95_s": (s.ttft_ms.get("p95") or 0) / 1000 if s.ttft_ms.get("p95") else None,

@@ -4,6 +4,7 @@ but never measured."""
 
 from __future__ import annotations
 
+import itertools
 import sys
 from pathlib import Path
 
@@ -47,7 +48,25 @@ def test_the_tail_is_simulated_but_not_measured():
     for k in ("requests", "rate_rps", "window_s", "isl_mean", "osl_mean", "arrival_cv2",
               "burst_rate_rps", "local_prefill_share"):
         assert after[k] == pytest.approx(before[k]), k
+    # The simulator is causal: the gaps in the measured window, hence ITL p95 and the
+    # request life that sets the lengthening, do not see the tail.
+    for k in ("itl_p95_s", "lifetime_s", "share_window_measured"):
+        assert after[k] == before[k], k
     assert after["tail_requests"] == len(tail) and before["tail_requests"] == 0
     assert after["tail_s"] > 0 and 0.0 <= after["finished_under_load"] <= 1.0
     # Without a tail the new rule is the old one.
     assert before["share"] == before["share_window_measured"]
+
+
+def test_a_trace_tail_keeps_the_measured_windows_gaps():
+    # Azure code's requests after the 200th arrive in a burst (10-30x the rate of the
+    # measured window): the tail replays the window's gaps instead of that burst.
+    cluster = pa.CLUSTERS[RTX]
+    m = 200
+    wl, _slo, tail = pa.with_tail(cluster, "azure-code", 2.0, m)
+    head = [r for r in wl.requests if r.request_id not in tail]
+    measured = head[int(m * pa.WARMUP_SHARE):]
+    gaps = [b.arrival - a.arrival for a, b in itertools.pairwise(measured)]
+    later = [head[-1], *(r for r in wl.requests if r.request_id in tail)]
+    got = [b.arrival - a.arrival for a, b in itertools.pairwise(later)]
+    assert got == pytest.approx(gaps[:len(got)])
