@@ -189,8 +189,11 @@ def busy_stall_share(target: float, base: float, base_sd: float, steps: float,
     # The share of a jump that fell in cell 0 stalls nothing on the grid: those arrivals
     # are thinned out (a thinned Poisson stream is Poisson at the lower rate).
     kept = 1.0 - moves.pop(0, 0.0)
-    rate *= kept
-    moves = {c: m / kept for c, m in moves.items()}
+    if kept <= 1e-12:  # no prompt stalls anything on the grid (all jumps ~0): no arrivals
+        rate, moves = 0.0, {}
+    else:
+        rate *= kept
+        moves = {c: m / kept for c, m in moves.items()}
 
     def within(y: float) -> float:
         slack = target - base - y / steps

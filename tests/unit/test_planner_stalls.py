@@ -151,3 +151,13 @@ def test_rank_keys_count_requests_at_the_runs_resolution():
     # Overloaded layouts rank below stable ones, by how far they are from capacity.
     assert pa._pred_key(cell(0.0, True, 5.0)) < pa._pred_key(cell(0.0))
     assert pa._pred_key(cell(0.0, True, 5.0)) < pa._pred_key(cell(0.0, True, 9.0))
+
+
+def test_prompts_that_stall_nothing_leave_only_the_batch_spread():
+    # A jump so small that all of its mass rounds into the grid's cell 0 (and a sliver,
+    # 1e-18 of it, into cell 1): nothing is left to thin the arrivals by, and the share is
+    # the batch's alone, not a division by zero (hypothesis found it in the test above).
+    assert busy_stall_share(0.05, 0.01, 0.0, 10, 0.0, [1e-20]) == 1.0
+    assert busy_stall_share(0.05, 0.01, 0.0, 10, 0.0, [0.0]) == 1.0
+    assert busy_stall_share(0.05, 0.01, 0.001, 10, 1.0, [0.0, 0.0]) == 1.0
+    assert busy_stall_share(0.05, 0.06, 0.0, 10, 1.0, [0.0]) == 0.0
