@@ -141,7 +141,7 @@ class AnswerLengths:
         # Both histograms (the model's, the prompt class's) in one loop, the bucket once:
         # this runs per finished answer (the arithmetic is what a separate _add did). The
         # pair is looked up once per (model, prompt class) key (issue 19: no key tuples
-        # per histogram), and the duration's test is out of the loop.
+        # per histogram).
         b = int(completion_tokens).bit_length() - 1
         if b >= BUCKETS:
             b = BUCKETS - 1
@@ -151,24 +151,15 @@ class AnswerLengths:
         pair = self._pairs.get((model, prompt_class))
         if pair is None:
             pair = self._pair(model, prompt_class)
-        if duration_s is None:
-            for hist in pair:
-                scale = hist.scale = hist.scale / decay
-                if scale > 1e100:  # fold the scale back in before it overflows
-                    scale = _fold(hist, scale)
-                scale *= count
-                hist.count[b] += scale
-                hist.inverse[b] += scale / completion_tokens
-                hist.total += 1
-        else:
-            for hist in pair:
-                scale = hist.scale = hist.scale / decay
-                if scale > 1e100:
-                    scale = _fold(hist, scale)
-                scale *= count
-                hist.count[b] += scale
-                hist.inverse[b] += scale / completion_tokens
-                hist.total += 1
+        for hist in pair:
+            scale = hist.scale = hist.scale / decay
+            if scale > 1e100:  # fold the scale back in before it overflows
+                scale = _fold(hist, scale)
+            scale *= count
+            hist.count[b] += scale
+            hist.inverse[b] += scale / completion_tokens
+            hist.total += 1
+            if duration_s is not None:
                 hist.dur[b] += scale * duration_s
                 hist.dur_inverse[b] += scale * duration_s / completion_tokens
                 hist.timed += 1
