@@ -487,29 +487,26 @@ def gate(inp: ModelInput, obs: Observation, cv: CandidateVerdict, ch: ChoiceVerd
         # would be A → B → A at constant load).
         target = move.target_prefill
         not_worse, g_now, g_plan = worth(target)
-        if not_worse and target != cur_p and not moved and extends_regime(mem, regime):
-            # Priced whole when decided, in this regime: re-pricing its rest each window
-            # re-decides it on noise (the live demo's 70B move stopped a worker short, and
-            # the next window started that worker's move as a second one; issue 17).
-            return GateVerdict(
-                "go", "continue-move", move_verdict="finish",
-                detail=f"{move.target_layout} is still predicted at least as good as staying "
-                       f"put, and the load is the regime the move was decided in "
-                       f"{now - mem.decided_at:,.0f} s ago (moved {shift:.0%}, within the "
-                       f"{margin:.0%} margin): the move was priced whole then, and its rest is "
-                       "not re-priced on one window", gain_now=g_now, gain_plan=g_plan,
-                target_score=score(target), **base), target
-        if not_worse and target != cur_p:
+        if not_worse:
+            finished = f"{move.target_layout} is still predicted at least as good as staying put"
+            if target == cur_p:  # at the target's prefill count already: labels only
+                return GateVerdict("go", "continue-move", move_verdict="finish",
+                                   detail=finished, gain_now=g_now, gain_plan=g_plan,
+                                   target_score=score(target), **base), target
+            if not moved and extends_regime(mem, regime):
+                # Priced whole when decided, in this regime: re-pricing its rest each window
+                # re-decides it on noise (the live demo's 70B move stopped a worker short,
+                # and the next window started that worker's move as a second one; issue 17).
+                return GateVerdict(
+                    "go", "continue-move", move_verdict="finish",
+                    detail=f"{finished}, and the load is the regime the move was decided in "
+                           f"{now - mem.decided_at:,.0f} s ago (moved {shift:.0%}, within the "
+                           f"{margin:.0%} margin): the move was priced whole then, and its "
+                           "rest is not re-priced on one window", gain_now=g_now,
+                    gain_plan=g_plan, target_score=score(target), **base), target
             return priced(GateVerdict(
-                "go", "continue-move", move_verdict="finish",
-                detail=f"{move.target_layout} is still predicted at least as good as "
-                       "staying put", gain_now=g_now, gain_plan=g_plan,
-                target_score=score(target), **base), target)
-        if not_worse:  # at the target's prefill count already: labels only, nothing to price
-            return GateVerdict("go", "continue-move", move_verdict="finish",
-                               detail=f"{move.target_layout} is still predicted at least as "
-                                      "good as staying put", gain_now=g_now, gain_plan=g_plan,
-                               target_score=score(target), **base), target
+                "go", "continue-move", move_verdict="finish", detail=finished,
+                gain_now=g_now, gain_plan=g_plan, target_score=score(target), **base), target)
         return GateVerdict("hold", "move-held", move_verdict="hold",
                            detail=f"{move.target_layout} is now predicted worse than the "
                                   "layout as it is; the load has not moved enough to "
