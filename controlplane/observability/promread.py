@@ -41,6 +41,13 @@ POOLED_REASONS = frozenset({"kv_aware", "only_candidate", "fallback_prefill_only
 # Fewer aggregated-path decisions than this in the window: a share of a handful of
 # requests is noise, not a routing mix (None = the cost model's estimate).
 MIN_DECISIONS = 20.0
+# The P/D path's decisions (conditional or disaggregated mode): prefilled on the decode
+# worker because the part not cached was at most local_prefill_max_tokens
+# ("pd_local_prefill"), or not ("pd_remote_prefill"; "pd_no_prefill_worker": long, but no
+# prefill worker left, so the decode worker prefilled it anyway — not a short prompt).
+# "pd_no_kv_params" is counted on top of a remote decision for the same request: left out.
+LOCAL_PREFILL_REASONS = frozenset({"pd_local_prefill"})
+PD_REASONS = frozenset({"pd_local_prefill", "pd_remote_prefill", "pd_no_prefill_worker"})
 
 
 @dataclass(frozen=True)
@@ -104,23 +111,38 @@ def affinity_share_from(result) -> float | None:
     """Share of the aggregated path's decisions that followed a prefix, from the vector
     answer to :func:`affinity_query` (``[{"metric": {"reason": ...}, "value": [t, "n"]}]``);
     None when the answer is malformed or holds under :data:`MIN_DECISIONS` decisions."""
+    counts = _reason_counts(result)
+    followed = sum(counts.get(r, 0.0) for r in AFFINITY_REASONS)
+    total = followed + sum(counts.get(r, 0.0) for r in POOLED_REASONS)
+    return followed / total if total >= MIN_DECISIONS else None
+
+
+def _reason_counts(result) -> dict[str, float]:
+    """reason → decisions from the vector answer to :func:`affinity_query`, a retry
+    ("retry_<reason>") counted as its reason; malformed or negative series skipped."""
+    counts: dict[str, float] = {}
     if not isinstance(result, list):
-        return None
-    followed = total = 0.0
+        return counts
     for series in result:
         try:
             reason = str(series["metric"].get("reason", "")).removeprefix("retry_")
             value = float(series["value"][1])
         except (KeyError, IndexError, TypeError, ValueError, AttributeError):
             continue
-        if not math.isfinite(value) or value < 0:
-            continue
-        if reason in AFFINITY_REASONS:
-            followed += value
-        elif reason not in POOLED_REASONS:
-            continue
-        total += value
-    return followed / total if total >= MIN_DECISIONS else None
+        if math.isfinite(value) and value >= 0:
+            counts[reason] = counts.get(reason, 0.0) + value
+    return counts
+
+
+def local_prefill_share_from(result) -> float | None:
+    """Share of the model's P/D decisions that prefilled on the decode worker
+    ("pd_local_prefill" ÷ :data:`PD_REASONS`), from the same answer as
+    :func:`affinity_share_from`. None when malformed or under :data:`MIN_DECISIONS` P/D
+    decisions (an aggregated fleet makes none: the share is then unknown here)."""
+    counts = _reason_counts(result)
+    total = sum(counts.get(r, 0.0) for r in PD_REASONS)
+    local = sum(counts.get(r, 0.0) for r in LOCAL_PREFILL_REASONS)
+    return local / total if total >= MIN_DECISIONS else None
 
 
 def prom_duration(seconds: float) -> str:
@@ -174,12 +196,21 @@ class FleetLatencyReader:
     def affinity_share(self, model_name: str, window_s: float) -> float | None:
         """Share of the model's aggregated-path routing decisions over ``window_s`` that
         followed a cached prefix (:func:`affinity_share_from`); None on any failure."""
+        return affinity_share_from(self._decisions(model_name, window_s))
+
+    def local_prefill_share(self, model_name: str, window_s: float) -> float | None:
+        """Share of the model's P/D routing decisions over ``window_s`` that prefilled on
+        the decode worker (:func:`local_prefill_share_from`); None on any failure."""
+        return local_prefill_share_from(self._decisions(model_name, window_s))
+
+    def _decisions(self, model_name: str, window_s: float):
+        """The routing decisions by reason (one query, cached: both shares read it)."""
         return self._cached(
-            ("affinity", model_name, window_s),
-            lambda: affinity_share_from(self._client.custom_query(
+            ("decisions", model_name, window_s),
+            lambda: self._client.custom_query(
                 affinity_query(model_name, prom_duration(window_s)),
-                params={"timeout": prom_duration(self.timeout_s)})),
-            "prometheus routing-decision query failed (%s); affinity unknown")
+                params={"timeout": prom_duration(self.timeout_s)}),
+            "prometheus routing-decision query failed (%s); routing shares unknown")
 
     def _engine_stats(self, labels: dict[str, str], w: str, window_s: float
                       ) -> FleetEngineStats | None:

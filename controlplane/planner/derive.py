@@ -18,8 +18,9 @@ Prometheus), win over the per-worker ones.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 PEAK_DECAY = 0.9  # per planning cycle: a peak fades to a third in ~10 cycles
 
@@ -109,6 +110,47 @@ def derive_load(
         isl, osl = fin_prompt / rate, (fin_gen / rate if fin_gen > 0 else osl)
     peak = max(rate, prev_peak * PEAK_DECAY)
     return DerivedLoad(rate, peak, isl, osl, hit, running, source)
+
+
+# Fewer finished requests than this in the window: a share of a handful of prompts is
+# noise, not a mix (None: the cost model places the share on its fitted prompts).
+LOCAL_SHARE_MIN_REQUESTS = 20.0
+
+
+class _PromptHistogram(Protocol):
+    @property
+    def count(self) -> float: ...
+
+    def share_at_most(self, x: float) -> float | None: ...
+
+
+def local_prefill_share(prompts: _PromptHistogram | None, prefix_hit: float,
+                        max_tokens: float,
+                        min_requests: float = LOCAL_SHARE_MIN_REQUESTS) -> float | None:
+    """Share of requests conditional P/D prefills on their decode worker — those whose part
+    not cached, (1 − hit) × prompt length, is at most ``max_tokens`` (gateway.router,
+    "pd_local_prefill") — from the fleet's merged prompt-length histogram (the engines'
+    ``vllm:request_prompt_tokens``, every finished request once; :class:`~controlplane.
+    telemetry.histograms.Histogram` or anything with ``count`` and ``share_at_most``).
+
+    The histogram's share at or below ``max_tokens ÷ (1 − hit)``, linear inside the bucket
+    (exact on a bucket bound). Approximation: every prompt is taken to find the fleet's
+    mean share cached. Hits are per request (a prompt finds its prefix or not), so where
+    some prompts hit fully and others not at all this misplaces the share — the gateway's
+    own decisions (Prometheus) do not, and win when there. vLLM's token buckets are coarse
+    (1-2-5: the limit 512 falls in 500–1000), so the interpolation is the rest of the
+    error. None when the histogram is missing, holds under ``min_requests`` requests, or
+    the inputs are not numbers; 0 when ``max_tokens`` ≤ 0 (every prompt goes remote)."""
+    if prompts is None or not prompts.count >= min_requests:
+        return None
+    if math.isnan(max_tokens) or math.isnan(prefix_hit):
+        return None
+    if max_tokens <= 0:
+        return 0.0
+    hit = min(max(float(prefix_hit), 0.0), 1.0)
+    limit = math.inf if hit >= 1.0 else float(max_tokens) / (1.0 - hit)
+    share = prompts.share_at_most(limit)
+    return None if share is None else min(max(share, 0.0), 1.0)
 
 
 # The workload mix: what a window's finished requests say about prompts and answers.

@@ -17,7 +17,14 @@ from controlplane.topology.models import Cluster, ServedModel
 
 from .calibration import CalibrationBook
 from .costmodel import DEFAULT_PARAMS, Link, ModelSpec, WorkerShape, gpu_profile_for
-from .derive import PEAK_DECAY, _num, carry_mix, derive_load, worst_p95
+from .derive import (
+    PEAK_DECAY,
+    _num,
+    carry_mix,
+    derive_load,
+    local_prefill_share,
+    worst_p95,
+)
 from .models import OPEN_STATUSES, ModelPlannerState, Plan
 from .placement import NicInput, NodeLinks, WorkerInput
 from .planner import LoadInput, ModelInput
@@ -176,6 +183,8 @@ def gather_cluster(cluster: Cluster) -> ClusterInputs:
                 source = f"fleet histograms ({stats.source}, {stats.window_s:g} s)"
             itl_mean = stats.itl_mean_s
         load = _with_affinity(load, sm.name, max(float(policy.rebalance_interval_s), 10.0))
+        load = _with_local_prefill(load, sm.name, roles, stats, policy.local_prefill_max_tokens,
+                                   max(float(policy.rebalance_interval_s), 10.0))
         # A window without finished requests keeps the last mix with traffic (the load the
         # planner was given last cycle), so the planned peak is priced with real prompts.
         load, carried = carry_mix(load, (state.last_inputs or {}).get("load"))
@@ -251,6 +260,45 @@ def _with_affinity(load: LoadInput, name: str, window_s: float) -> LoadInput:
         return load
     return replace(load, affinity_share=share,
                    affinity_source=f"gateway decisions, prometheus, {window_s:g} s")
+
+
+def _with_local_prefill(load: LoadInput, name: str, roles: dict, stats, max_tokens: int,
+                        window_s: float) -> LoadInput:
+    """The share of requests conditional P/D prefills on their decode worker, best source
+    first: (a) the gateway's own decisions in Prometheus ("pd_local_prefill" ÷ its P/D
+    decisions; none while the fleet is aggregated), (b) the fleet's merged prompt-length
+    histogram (the agents' engine snapshots) at ``max_tokens ÷ (1 − hit)`` — approximate:
+    every prompt taken to hit the mean share (derive.local_prefill_share), (c) unchanged
+    (None: the cost model places it on its fitted prompts)."""
+    if max_tokens <= 0:
+        return load  # no local prefill: the share is not used
+    reader = _prometheus()
+    if reader is not None:
+        try:
+            share = reader.local_prefill_share(name, window_s)
+        except Exception as exc:  # a bug or outage there must not stop planning
+            log.warning("routing decisions for %s unavailable: %s", name, exc)
+            share = None
+        if share is not None:
+            return replace(load, local_prefill_share=share, local_prefill_source=(
+                f"gateway decisions, prometheus, {window_s:g} s"))
+    hist, where = getattr(stats, "request_prompt_tokens", None), getattr(stats, "source", "")
+    if hist is None and stats is not None and where != "agents":
+        # The fleet figures came from Prometheus, which carries no buckets here: the
+        # agents' snapshots of the same engines still do.
+        try:
+            from controlplane.telemetry.enginestats import agents_fleet_stats
+
+            hist, where = agents_fleet_stats(roles, window_s).request_prompt_tokens, "agents"
+        except Exception as exc:  # Redis down: unknown, as before
+            log.warning("engine snapshots for %s unreadable: %s", name, exc)
+            hist = None
+    share = local_prefill_share(hist, load.prefix_hit, float(max_tokens))
+    if share is None:
+        return load
+    return replace(load, local_prefill_share=share, local_prefill_source=(
+        f"prompt histogram ({where}, {stats.window_s:g} s) at {max_tokens} tokens ÷ "
+        f"(1 − {load.prefix_hit:.0%} cached), every prompt taken to hit the mean share"))
 
 
 def _load_from_stats(load: LoadInput, stats, state: ModelPlannerState) -> LoadInput:

@@ -37,6 +37,14 @@ class LoadInput:
     # bound from the hit rate. ``affinity_source`` says where a known share came from.
     affinity_share: float | None = None
     affinity_source: str = ""
+    # Share of requests whose part not cached is at most the policy's
+    # local_prefill_max_tokens (conditional P/D prefills those on their decode worker):
+    # the gateway's "pd_local_prefill" decisions ÷ its P/D decisions (Prometheus), else
+    # the fleet's prompt-length histogram × (1 − hit) (inputs._with_local_prefill); None =
+    # unknown: the cost model counts it on its fitted prompts. ``local_prefill_source``
+    # says where a known share came from.
+    local_prefill_share: float | None = None
+    local_prefill_source: str = ""
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ request rate and answer lengths; a real one-token answer on it is left out too.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -56,6 +57,14 @@ class Histogram:
     def from_report(cls, data: Mapping) -> Histogram:
         return cls(tuple(float(b) for b in data["le"]), tuple(float(n) for n in data["counts"]),
                    float(data.get("sum") or 0.0))
+
+    @classmethod
+    def from_values(cls, values: Iterable[float], le: Iterable[float]) -> Histogram:
+        """The histogram an engine would export after observing ``values`` on the finite
+        bounds ``le`` (for benchmarks and tests that hold the observations themselves)."""
+        vals, bounds = sorted(float(v) for v in values), tuple(sorted(float(b) for b in le))
+        counts = tuple(float(bisect.bisect_right(vals, b)) for b in bounds)
+        return cls(bounds, (*counts, float(len(vals))), float(sum(vals)))
 
     @property
     def count(self) -> float:
@@ -83,6 +92,26 @@ class Histogram:
 
     def mean(self) -> float | None:
         return self.sum / self.count if self.count > 0 else None
+
+    def share_at_most(self, x: float) -> float | None:
+        """Share of the observations ≤ ``x``: exact on a bucket's upper bound, linear inside
+        a bucket (lower bound 0 for the first) — the inverse of :meth:`quantile`'s rule.
+        Observations in the +Inf bucket count as above any finite ``x`` (their lengths are
+        unknown; the longest bound is all that is known). None when empty."""
+        total = self.count
+        if total <= 0 or x != x:
+            return None
+        if x == math.inf:
+            return 1.0
+        prev_le, prev = 0.0, 0.0
+        for le, n in zip(self.le, self.counts, strict=False):
+            if x <= le:
+                if x <= prev_le or le <= prev_le:
+                    return min(max(prev / total, 0.0), 1.0)
+                inside = prev + (n - prev) * (x - prev_le) / (le - prev_le)
+                return min(max(inside / total, 0.0), 1.0)
+            prev_le, prev = le, n
+        return min(max(prev / total, 0.0), 1.0)
 
 
 def merge(histograms: Iterable[Histogram]) -> Histogram | None:
@@ -183,6 +212,15 @@ class FleetEngineStats:
     # to, and what calibration compares (a gap p95 sits on the knife edge between pure and
     # prefill-carrying steps; the mean does not).
     itl_mean_s: float | None = None
+    # Every finished request's prompt length once: the decode side's prompt histogram (a
+    # request finishes where it decodes and the engine observes its whole prompt there,
+    # prefilled locally or received). The prefill side's above misses, under conditional
+    # P/D, the short prompts decode engines prefill themselves. Agents only (None from
+    # Prometheus); read for the local-prefill share (planner.derive.local_prefill_share).
+    # Mid-move a "both" engine's prefill halves are in it too (a histogram cannot tell
+    # their prompts from its own requests'): those remote prompts count twice, and the
+    # share reads a little low for that window.
+    request_prompt_tokens: Histogram | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -249,4 +287,5 @@ def fleet_stats(engines: Iterable[tuple[str, EngineDelta | None]], window_s: flo
         ttft_p50_s=_q(ttft, 0.5), ttft_p95_s=_q(ttft, 0.95),
         itl_p50_s=_q(itl, 0.5), itl_p95_s=_q(itl, 0.95),
         itl_mean_s=itl.mean() if itl and itl.sum > 0 else None,
+        request_prompt_tokens=_hist(dec, PROMPT),
     )
