@@ -95,11 +95,29 @@ def rate_query(names: tuple[str, ...], labels: dict[str, str], window: str) -> s
 
 
 def _side(names: tuple[str, ...], labels: dict[str, str], roles: tuple[str, ...],
-          template: str) -> str:
+          template: str, role_template: str = "") -> str:
     """``template`` over the engines of those roles (the ``role`` label pdplane's service
-    discovery attaches), or over every engine when no series carries that label."""
-    with_role = _either(names, labels, template, f'role=~"{"|".join(roles)}"')
+    discovery attaches; ``role_template`` there when given), or over every engine when no
+    series carries that label."""
+    with_role = _either(names, labels, role_template or template,
+                        f'role=~"{"|".join(roles)}"')
     return f"({with_role}) or ({_either(names, labels, template)})"
+
+
+def prefill_halves_query(labels: dict[str, str], window: str) -> str:
+    """Per second, the prefill halves "both" engines finished for requests decoded
+    elsewhere, while any engine is prefill- or decode-only (mid-move); 0 otherwise — the
+    agents' rule (controlplane.telemetry.histograms.without_prefill_halves) in PromQL.
+
+    Each half is a finished request with one generated token (vLLM's P/D prefill runs with
+    ``max_tokens=1``) that the decode engine finishes again: counted as it is, it doubles
+    those requests and pulls the answer length down. A "both" engine's one-token finishes
+    (its generation histogram's le=1 bucket) are taken for such halves; in an all-"both"
+    (aggregated) fleet a one-token answer is a real one and stays."""
+    ones = _selector(labels, 'role="both",le=~"1|1.0"')
+    split = _selector(labels, 'role=~"prefill|decode"')
+    return (f"scalar((sum(rate(vllm:request_generation_tokens_bucket{ones}[{window}])) "
+            f"and on() count(vllm:request_success_total{split})) or vector(0))")
 
 
 def affinity_query(model_name: str, window: str) -> str:
@@ -230,11 +248,25 @@ class FleetLatencyReader:
             count = q((family + "_count",), roles, rate)
             return total / count if total is not None and count else None
 
-        requests = q(("vllm:request_success_total",), DECODE_SIDE, rate)
-        if not requests:
+        # The decode side less the prefill halves "both" engines finished mid-move (each
+        # one request and one generated token): the request rate, and the answer lengths'
+        # count, sum and every bucket (vLLM's token buckets start at 1).
+        less = prefill_halves_query(labels, w).replace("{", "{{").replace("}", "}}")
+        dec_rate = f"(sum(rate({{m}}[{w}])) - {less})"
+
+        def decode_side(names, template, role_template):
+            return self._scalar(_side(names, labels, DECODE_SIDE, template, role_template))
+
+        requests = decode_side(("vllm:request_success_total",), rate, dec_rate)
+        if not requests or requests <= 0:
             return None
         prompt = quantiles(("vllm:request_prompt_tokens",), PREFILL_SIDE)
-        gen = quantiles(("vllm:request_generation_tokens",), DECODE_SIDE)
+        gen = tuple(decode_side(
+            ("vllm:request_generation_tokens_bucket",), f"histogram_quantile({p}, {buckets})",
+            f"histogram_quantile({p}, clamp_min(sum by (le) (rate({{m}}[{w}])) - {less}, 0))")
+            for p in (0.5, 0.95))
+        gen_sum = decode_side(("vllm:request_generation_tokens_sum",), rate, dec_rate)
+        gen_count = decode_side(("vllm:request_generation_tokens_count",), rate, dec_rate)
         ttft = quantiles(tuple(n.removesuffix("_bucket") for n in TTFT_BUCKETS), PREFILL_SIDE)
         itl = quantiles(tuple(n.removesuffix("_bucket") for n in ITL_BUCKETS), DECODE_SIDE)
         return FleetEngineStats(
@@ -244,7 +276,8 @@ class FleetLatencyReader:
             prompt_tokens_p50=prompt[0], prompt_tokens_p95=prompt[1],
             prompt_tokens_mean=mean("vllm:request_prompt_tokens", PREFILL_SIDE),
             generation_tokens_p50=gen[0], generation_tokens_p95=gen[1],
-            generation_tokens_mean=mean("vllm:request_generation_tokens", DECODE_SIDE),
+            generation_tokens_mean=(gen_sum / gen_count if gen_sum is not None and gen_count
+                                    and gen_count > 0 else None),
             ttft_p50_s=ttft[0], ttft_p95_s=ttft[1], itl_p50_s=itl[0], itl_p95_s=itl[1],
         )
 
