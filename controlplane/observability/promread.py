@@ -260,7 +260,9 @@ class FleetLatencyReader:
         requests = decode_side(("vllm:request_success_total",), rate, dec_rate)
         if not requests or requests <= 0:
             return None
-        prompt = quantiles(("vllm:request_prompt_tokens",), PREFILL_SIDE)
+        # Prompts where requests finish (histograms' module docstring: the prefill side
+        # misses conditional P/D's local prefills).
+        prompt = quantiles(("vllm:request_prompt_tokens",), DECODE_SIDE)
         gen = tuple(decode_side(
             ("vllm:request_generation_tokens_bucket",), f"histogram_quantile({p}, {buckets})",
             f"histogram_quantile({p}, clamp_min(sum by (le) (rate({{m}}[{w}])) - {less}, 0))")
@@ -271,10 +273,10 @@ class FleetLatencyReader:
         itl = quantiles(tuple(n.removesuffix("_bucket") for n in ITL_BUCKETS), DECODE_SIDE)
         return FleetEngineStats(
             source="prometheus", window_s=window_s, request_rate=requests,
-            prompt_tokens_per_s=q(("vllm:prompt_tokens_total",), PREFILL_SIDE, rate),
+            prompt_tokens_per_s=q(("vllm:prompt_tokens_total",), DECODE_SIDE, rate),
             generation_tokens_per_s=q(("vllm:generation_tokens_total",), DECODE_SIDE, rate),
             prompt_tokens_p50=prompt[0], prompt_tokens_p95=prompt[1],
-            prompt_tokens_mean=mean("vllm:request_prompt_tokens", PREFILL_SIDE),
+            prompt_tokens_mean=mean("vllm:request_prompt_tokens", DECODE_SIDE),
             generation_tokens_p50=gen[0], generation_tokens_p95=gen[1],
             generation_tokens_mean=(gen_sum / gen_count if gen_sum is not None and gen_count
                                     and gen_count > 0 else None),

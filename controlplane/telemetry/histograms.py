@@ -16,9 +16,14 @@ A counter that went down means the engine restarted: the window restarts after i
 Histograms of different bucket layouts (engine versions) merge on their common bounds.
 Which engines count for what, when prefill and decode are split: requests finish, tokens
 are generated and inter-token gaps happen on decode-capable engines (role decode or both);
-prompts are prefilled and the first token is timed on prefill-capable ones (prefill or
-both). A disaggregated request's TTFT as the client sees it also includes the KV transfer
-and the decode engine's first step, which no single engine measures.
+the first token is timed on prefill-capable ones (prefill or both). A disaggregated
+request's TTFT as the client sees it also includes the KV transfer and the decode engine's
+first step, which no single engine measures. Prompt lengths are read where requests
+finish, on the decode side too: a decode engine observes every request's whole prompt
+(prefilled there, or received: vLLM counts external KV as prompt tokens), while the
+prefill side never sees the short prompts conditional P/D prefills on decode engines
+(gateway "pd_local_prefill") — read there, a conditional split's prompts looked as long
+as its remote ones alone, and a window whose prompts all stayed local had none at all.
 
 Mid-move a fleet holds prefill, decode and "both" engines at once, and a "both" engine then
 also serves the prefill halves of P/D requests decoded elsewhere. Each half is a finished
@@ -212,11 +217,9 @@ class FleetEngineStats:
     # to, and what calibration compares (a gap p95 sits on the knife edge between pure and
     # prefill-carrying steps; the mean does not).
     itl_mean_s: float | None = None
-    # Every finished request's prompt length once: the decode side's prompt histogram (a
-    # request finishes where it decodes and the engine observes its whole prompt there,
-    # prefilled locally or received). The prefill side's above misses, under conditional
-    # P/D, the short prompts decode engines prefill themselves. Agents only (None from
-    # Prometheus); read for the local-prefill share (planner.derive.local_prefill_share).
+    # Every finished request's prompt length once: the decode side's prompt histogram,
+    # the one the prompt figures above come from (module docstring). Agents only (None
+    # from Prometheus); read for the local-prefill share (derive.local_prefill_share).
     # Mid-move a "both" engine's prefill halves are in it too (a histogram cannot tell
     # their prompts from its own requests'): those remote prompts count twice, and the
     # share reads a little low for that window.
@@ -270,7 +273,7 @@ def fleet_stats(engines: Iterable[tuple[str, EngineDelta | None]], window_s: flo
         deltas = [(role, without_prefill_halves(d) if role == "both" else d)
                   for role, d in deltas]
     pre, dec = _side(deltas, PREFILL_SIDE), _side(deltas, DECODE_SIDE)
-    prompt, gen = _hist(pre, PROMPT), _hist(dec, GENERATION)
+    prompt, gen = _hist(dec, PROMPT), _hist(dec, GENERATION)
     ttft, itl = _hist(pre, TTFT), _hist(dec, ITL)
     rate = _rate(dec, REQUESTS)
     if rate is None and gen is not None:  # no request counter: finished requests observed
@@ -279,7 +282,7 @@ def fleet_stats(engines: Iterable[tuple[str, EngineDelta | None]], window_s: flo
     return FleetEngineStats(
         source="agents", window_s=window_s, engines=len(deltas),
         span_s=max((d.seconds for _, d in deltas), default=None), request_rate=rate,
-        prompt_tokens_per_s=_rate(pre, PROMPT), generation_tokens_per_s=_rate(dec, GENERATION),
+        prompt_tokens_per_s=_rate(dec, PROMPT), generation_tokens_per_s=_rate(dec, GENERATION),
         prompt_tokens_p50=_q(prompt, 0.5), prompt_tokens_p95=_q(prompt, 0.95),
         prompt_tokens_mean=prompt.mean() if prompt else None,
         generation_tokens_p50=_q(gen, 0.5), generation_tokens_p95=_q(gen, 0.95),
@@ -287,5 +290,5 @@ def fleet_stats(engines: Iterable[tuple[str, EngineDelta | None]], window_s: flo
         ttft_p50_s=_q(ttft, 0.5), ttft_p95_s=_q(ttft, 0.95),
         itl_p50_s=_q(itl, 0.5), itl_p95_s=_q(itl, 0.95),
         itl_mean_s=itl.mean() if itl and itl.sum > 0 else None,
-        request_prompt_tokens=_hist(dec, PROMPT),
+        request_prompt_tokens=prompt,
     )

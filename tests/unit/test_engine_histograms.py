@@ -243,7 +243,8 @@ def test_prometheus_engine_stats_asks_the_same_quantities_by_role():
     assert 'role=~"decode|both"' in rate and "[60000ms]" in rate and " or " in rate
     ttft = next(q for q in asked if "time_to_first_token_seconds_bucket" in q)
     assert "histogram_quantile(0.95, sum by (le)" in ttft or "histogram_quantile(0.5" in ttft
-    assert any('role=~"prefill|both"' in q for q in asked if "request_prompt_tokens" in q)
+    assert any('role=~"decode|both"' in q for q in asked if "request_prompt_tokens" in q)
+    assert any('role=~"prefill|both"' in q for q in asked if "time_to_first_token" in q)
     n = len(asked)
     assert reader.engine_stats("m", 60.0) is stats and len(asked) == n  # cached per cycle
 

@@ -133,6 +133,14 @@ def test_the_prompt_histogram_for_the_share_is_the_decode_sides():
     assert stats.request_prompt_tokens.count == 40
     assert local_prefill_share(stats.request_prompt_tokens, 0.0, 512) == 0.75
     assert stats.request_rate == pytest.approx(40 / 60)  # each request once
+    # The prompt figures are every request's too (read on the prefill side they were the
+    # remote prompts alone: mean 8,000, p50 7,500).
+    assert stats.prompt_tokens_mean == pytest.approx(2150.0)
+    assert stats.prompt_tokens_p50 <= 200
+    # A window whose prompts all stayed local still has prompt lengths.
+    local = fleet_stats([("prefill", EngineDelta(60.0, {"request_success": 0.0}, {})),
+                         ("decode", _delta(short, [100] * 30))], 60.0)
+    assert local.prompt_tokens_mean == pytest.approx(200.0)
     # Aggregated: every engine is both sides.
     agg = fleet_stats([("both", _delta(short, [50] * 30)), ("both", _delta(long_, [50] * 10))],
                       60.0)
