@@ -14,6 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import prediction_accuracy
 from prediction_accuracy import (
     CLUSTERS,
     TRACES,
@@ -43,11 +44,22 @@ def local_share(c: dict) -> float | None:
     return sum(1 for r in late if r.input_length * (1 - hit) <= lim) / max(len(late), 1)
 
 
+def warmup(c: dict) -> float:
+    """For a run saved before ``warmup_s`` was recorded: the time from its first arrival to
+    its first measured one (the same workload, rebuilt)."""
+    wl, _slo = make_workload(CLUSTERS[c["cluster"]], c["workload"], c["load"],
+                             c["sim"].get("requests_asked") or c.get("requests_base", 200))
+    arrivals = sorted(r.arrival for r in wl.requests)
+    return arrivals[int(len(arrivals) * WARMUP_SHARE)] - arrivals[0] if arrivals else 0.0
+
+
 def rescore(cells: list[dict]) -> list[dict]:
     out = []
     for c in cells:
         if "local_prefill_share" not in c["sim"]:
             c = {**c, "sim": {**c["sim"], "local_prefill_share": local_share(c)}}
+        if "warmup_s" not in c["sim"]:
+            c = {**c, "sim": {**c["sim"], "warmup_s": warmup(c)}}
         pred = predict_cell(CLUSTERS[c["cluster"]], c["slo"], c["sim"], c["n_prefill"])
         out.append({**c, "pred": pred, "layout": pred["layout"]})
     return out
@@ -58,7 +70,10 @@ def main() -> None:
     ap.add_argument("run")
     ap.add_argument("--json", default="")
     ap.add_argument("--worst", type=int, default=0, help="list the N largest share errors")
+    ap.add_argument("--steady", action="store_true",
+                    help="predict the steady state (no finite horizon), as before issue 16 H8")
     args = ap.parse_args()
+    prediction_accuracy.FINITE_HORIZON = not args.steady
     cells = rescore(json.loads(Path(args.run).read_text())["cells"])
     summary = summarise(cells)
     print(json.dumps({k: v for k, v in summary.items() if k != "rank_corr"}, indent=1))

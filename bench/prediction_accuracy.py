@@ -273,6 +273,8 @@ def simulate(cluster: dict, wl, slo: dict, n_prefill: int, trace: bool = False,
         "tail_s": t_end - t_m,
         "finished_under_load": done / len(late) if late else 0.0,
         "window_s": span,
+        # How long the arrivals had run (from an idle fleet) when the measured window began.
+        "warmup_s": t0 - arrivals[0] if arrivals else 0.0,
         "lifetime_s": statistics.fmean([r.output_tokens for r in late]) * mean_itl if late else 0,
         "rate_rps": len(late) / span,
         "isl_mean": statistics.fmean(prompts) if prompts else 0.0,
@@ -313,6 +315,9 @@ def sim_overloaded(sim: dict, ttft_target_s: float) -> bool:
     return rate >= GROWTH_RATE and growth > GROWTH_MIN_SHARE * ttft_target_s
 
 
+FINITE_HORIZON = True  # tell the model the run's horizon (False: its steady state)
+
+
 def predict_cell(cluster: dict, slo: dict, stats: dict, n_prefill: int) -> dict:
     engines = sim_engines(cluster)
     workers, links = planner_topology(cluster, engines)
@@ -330,7 +335,12 @@ def predict_cell(cluster: dict, slo: dict, stats: dict, n_prefill: int) -> dict:
              "uncached_p95": stats.get("uncached_p95"),
              "affinity_share": stats.get("affinity_share"),
              "burst_rate_rps": stats.get("burst_rate_rps"),
-             "local_prefill_share": stats.get("local_prefill_share")}
+             "local_prefill_share": stats.get("local_prefill_share"),
+             # The run is finite and starts on an idle fleet: the judged arrivals span
+             # [warmup, warmup + window] seconds after the first (a queue near ρ = 1 is a
+             # transient there, not its steady state).
+             "horizon_s": stats.get("window_s") if FINITE_HORIZON else None,
+             "horizon_start_s": stats.get("warmup_s", 0.0)}
     workload = replace(workload, **{k: v for k, v in extra.items() if k in known})
     p = predict(inp, n_prefill, workload, Topology(workers, links))
     return {"ttft_p95_s": None if math.isinf(p.ttft_p95_s) else p.ttft_p95_s,

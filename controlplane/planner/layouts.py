@@ -64,6 +64,7 @@ from .distributions import mixture_p95 as _mixture_p95
 from .distributions import normal_tail as _normal_tail
 from .distributions import wait_over as _wait_cdf_inv
 from .distributions import weighted_quantile as _weighted_quantile
+from .horizon import horizon_of
 from .pools import decode_local
 
 
@@ -330,8 +331,9 @@ def _split(model: ModelSpec, shape: WorkerShape, n_prefill: int, n_decode: int, 
     mean_s = sum(services) / len(remote)
     var_s = sum((s - mean_s) ** 2 for s in services) / len(remote)
     remote_rate = w.rate_rps * (1.0 - local_share)
-    wait = mgc_wait(remote_rate, mean_s, n_prefill, var_s / mean_s ** 2 if mean_s > 0 else 0.0,
-                    w.arrival_cv2)
+    cs2 = var_s / mean_s ** 2 if mean_s > 0 else 0.0
+    wait = mgc_wait(remote_rate, mean_s, n_prefill, cs2, w.arrival_cv2)
+    hw = horizon_of(w, remote_rate, mean_s, n_prefill, cs2)  # None: the steady state
     kvb = model.kv_bytes_per_token
     nbytes_mean = w.isl_mean * kvb
     # Transfer per quantile prompt: the share-weighted path time, and for the tail the
@@ -401,12 +403,14 @@ def _split(model: ModelSpec, shape: WorkerShape, n_prefill: int, n_decode: int, 
     batch = r * w.osl_mean * step.fixed_s / (1.0 - load)
     t_d = step.at(batch)
     kv_used = batch * w.context_mean / cap_tokens
-    if rho_pre >= 1 or kv_used >= 1:
+    if (rho_pre >= 1 and hw is None) or kv_used >= 1:
         where = "prefill" if rho_pre >= kv_used else "decode KV cache"
         return _overloaded(name, n_prefill, n_decode, w, max(rho_pre, kv_used), where, gpus,
                            decode_batch=batch, kv_used=kv_used, itl_p95_s=t_d,
                            itl_mean_s=t_d, **common)
-    over = _wait_cdf_inv(wait.p_wait, wait.mean_s)
+    over, q95 = _wait_cdf_inv(wait.p_wait, wait.mean_s), wait.p95_s
+    if hw is not None:  # a finite horizon: the transient wait (any ρ), not the stationary one
+        over, q95 = hw.over, hw.p95_s
     # TTFT of quantile i: wait + prefill + transfer (the tail path for the p95) + the
     # decode worker's first step.
     fixed_tail = [s + (t / k) + t_d for s, t in zip(services, t_pts_tail, strict=True)]
@@ -416,7 +420,7 @@ def _split(model: ModelSpec, shape: WorkerShape, n_prefill: int, n_decode: int, 
     s95 = (timing.prefill(*tail_u, params.chunk_tokens)
            + t_d + (xfer(p95_len * kvb, slow) / k if slow is not None else 0.0)
            if lim <= 0 or tail_u[0] > lim else 0.0)
-    ttft_p95 = max(_mixture_p95(fixed_tail, over, wait.p95_s), s95) * k
+    ttft_p95 = max(_mixture_p95(fixed_tail, over, q95), s95) * k
     slo_left = w.ttft_slo_s / k
     p_ttft = sum(1.0 - over(slo_left - s) if s < slo_left else 0.0
                  for s in fixed_mean) / len(remote)
@@ -446,10 +450,10 @@ def _split(model: ModelSpec, shape: WorkerShape, n_prefill: int, n_decode: int, 
     )[0]
     return Prediction(
         layout=name, n_prefill=n_prefill, n_decode=n_decode, rate_rps=w.rate_rps,
-        ttft_p95_s=ttft_p95, itl_p95_s=itl_p95, itl_mean_s=itl, queue_p95_s=wait.p95_s * k,
+        ttft_p95_s=ttft_p95, itl_p95_s=itl_p95, itl_mean_s=itl, queue_p95_s=q95 * k,
         decode_batch=batch, kv_used=kv_used, utilisation=util, bottleneck=bottleneck,
         attainment=attainment, goodput_rps=w.rate_rps * attainment, gpus=gpus,
         capacity_rps=_capacity(w.rate_rps, util), preempt_risk=risk,
-        local_prefill_share=local_share, **common,
+        local_prefill_share=local_share, overloaded=rho_pre >= 1, **common,
     )
 

@@ -56,3 +56,108 @@ def mgc_wait(
     if p_wait > 0.05 and mean > 0:
         p95 = (mean / p_wait) * math.log(p_wait / 0.05)
     return QueueWait(rho, p_wait, mean, p95)
+
+
+# --- A queue over a finite horizon --------------------------------------------------------
+
+
+def _erfcx(z: float) -> float:
+    """exp(z²) erfc(z), without overflow for large z (asymptotic series from z = 5 on:
+    relative error below 2e-5 there)."""
+    if z < 5.0:
+        return math.exp(z * z) * math.erfc(z)
+    iz2 = 1.0 / (z * z)
+    return (1.0 - iz2 / 2 + 3 * iz2 ** 2 / 4 - 15 * iz2 ** 3 / 8) / (z * math.sqrt(math.pi))
+
+
+def rbm_over(x: float, t: float, drift: float, var: float) -> float:
+    """P(R(t) > x) for a reflected Brownian motion R started at 0, with ``drift`` and
+    variance ``var`` per second (the heavy-traffic law of a queue's wait): the classical
+    closed form P(R(t) ≤ x) = Φ((x − μt) ÷ σ√t) − e^(2μx/σ²) Φ((−x − μt) ÷ σ√t), for any
+    sign of the drift (stable, critical or overloaded). The second term is computed as
+    ½ erfcx(z) e^(−(x − μt)² ÷ 2σ²t), z = (x + μt) ÷ σ√(2t), which does not overflow."""
+    if x < 0:
+        return 1.0
+    if t <= 0 or var <= 0:
+        return 1.0 if drift * max(t, 0.0) > x else 0.0
+    s = math.sqrt(2.0 * var * t)
+    first = 0.5 * math.erfc((x - drift * t) / s)
+    z = (x + drift * t) / s
+    if z < 5.0:
+        second = 0.5 * math.exp(2.0 * drift * x / var) * math.erfc(z) if z > -26 else 0.0
+        if z <= -26:  # erfc(z) = 2 there: e^(2μx/σ²) ≤ 1 for the drift this needs (μ < 0)
+            second = math.exp(2.0 * drift * x / var)
+    else:
+        second = 0.5 * _erfcx(z) * math.exp(-((x - drift * t) ** 2) / (s * s))
+    return min(max(1.0 - (1.0 - first - second), 0.0), 1.0)
+
+
+HORIZON_NODES = 12  # arrival times the horizon's wait is averaged over (midpoints)
+
+
+@dataclass(frozen=True)
+class HorizonWait:
+    """The wait of arrivals spread evenly over [``start``, ``end``] seconds after arrivals
+    began on an empty pool (a finite run; a burst): P(W > x) = p_wait × P(R(t) > x) with
+    R a reflected Brownian motion from 0 (:func:`rbm_over`), drift ρ − 1 and variance
+    (ca² + cs²) S max(ρ, 1) ÷ c per second. Below ρ = 1 and as the horizon grows this is
+    exactly :func:`mgc_wait`'s law (the drift and variance give the exponential tail of
+    mean Wq ÷ p_wait); at ρ = 1 it is continuous (p_wait → 1, the variance is the
+    heavy-traffic λ E[S²]-type term); above, the wait grows by ρ − 1 seconds per second and
+    a finite horizon still has a finite wait. The atom at 0 (1 − p_wait) is taken at its
+    stationary value."""
+
+    utilisation: float
+    p_wait: float
+    drift: float
+    var: float
+    start: float
+    end: float
+
+    def over(self, x: float) -> float:
+        if x < 0:
+            return 1.0
+        if self.p_wait <= 0:
+            return 0.0
+        a, b = self.start, max(self.end, self.start)
+        ts = [a + (b - a) * (i + 0.5) / HORIZON_NODES for i in range(HORIZON_NODES)]
+        return self.p_wait * sum(rbm_over(x, t, self.drift, self.var) for t in ts) / len(ts)
+
+    @property
+    def p95_s(self) -> float:
+        """The wait's p95 over the horizon (0 when fewer than 5 % wait)."""
+        if self.p_wait <= 0.05:
+            return 0.0
+        lo, hi = 0.0, self.p95_bound()
+        for _ in range(40):
+            mid = (lo + hi) / 2
+            if self.over(mid) > 0.05:
+                lo = mid
+            else:
+                hi = mid
+        return hi
+
+    def p95_bound(self) -> float:
+        """An x with P(W > x) ≤ 5 % (the latest arrival waits longest: its p95 bounds all)."""
+        t = max(self.end, self.start)
+        x = max(self.drift * t, 0.0) + 2.0 * math.sqrt(max(self.var * t, 0.0)) + 1e-9
+        if self.drift < 0:  # no more than the stationary law's p95 (its tail is the limit)
+            x = min(x, self.var / (-2.0 * self.drift) * math.log(20.0) + 1e-9)
+        while rbm_over(x, t, self.drift, self.var) * self.p_wait > 0.05:
+            x *= 2.0
+        return x
+
+
+def horizon_wait(
+    rate: float, service_s: float, servers: int, service_cv2: float, arrival_cv2: float,
+    start: float, end: float,
+) -> HorizonWait:
+    """The G/G/c wait of :func:`mgc_wait`, for arrivals over [``start``, ``end``] seconds
+    after the load began on an empty pool (see :class:`HorizonWait`)."""
+    if rate <= 0 or service_s <= 0 or servers <= 0:
+        return HorizonWait(0.0, 0.0, 0.0, 0.0, start, end)
+    rho = rate * service_s / servers
+    p_wait = 1.0 if rho >= 1 else min(1.0, rho ** (math.sqrt(2.0 * (servers + 1)) - 1.0))
+    two_v = max(arrival_cv2, 0.0) + max(service_cv2, 0.0)
+    var = two_v * service_s * max(rho, 1.0) / servers
+    return HorizonWait(rho, p_wait, rho - 1.0, var, max(start, 0.0), max(end, start, 0.0))

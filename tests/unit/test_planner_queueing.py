@@ -23,6 +23,7 @@ from controlplane.planner.costmodel import (
 )
 from controlplane.planner.layouts import predict_aggregated, predict_split
 from controlplane.planner.placement import NicInput, NodeLinks, Topology, WorkerInput
+from controlplane.planner.queueing import horizon_wait, rbm_over
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
@@ -158,3 +159,76 @@ def test_a_run_shorter_than_a_request_life_is_censored_and_not_scored():
     s = pa.summarise(cells)
     assert s["short_window_cells"] == 2 and s["share_abs_err_p90"] < 1
     assert s["rank_corr_censored_cases"] == ["c/w/4.0"] and s["rank_corr_cases"] == 1
+
+
+# --- A finite horizon (issue 16 H8): a run or burst from an idle pool ----------------------
+
+
+def test_rbm_with_no_drift_is_the_reflected_normal():
+    # Reflection principle: with zero drift, R(t) has the law of |B(t)|.
+    for x, t, var in [(0.5, 2.0, 1.0), (3.0, 10.0, 0.4), (0.0, 1.0, 2.0)]:
+        want = math.erfc(x / math.sqrt(2 * var * t))
+        assert rbm_over(x, t, 0.0, var) == pytest.approx(want, abs=1e-12)
+
+
+def test_rbm_matches_a_random_walk():
+    # A fine random walk reflected at 0 (drift and variance per second as given).
+    import random
+    rng = random.Random(3)
+    for drift in (-0.5, 0.0, 0.3):
+        dt, t, n = 0.01, 2.0, 2500
+        hits = 0
+        for _ in range(n):
+            r = 0.0
+            for _ in range(int(t / dt)):
+                r = max(r + drift * dt + rng.gauss(0.0, math.sqrt(dt)), 0.0)
+            hits += r > 0.8
+        assert rbm_over(0.8, t, drift, 1.0) == pytest.approx(hits / n, abs=0.03)
+
+
+def test_a_long_horizon_below_rho_1_is_the_stationary_queue():
+    for rate, s, c, cs2, ca2 in [(3, 1, 4, 0.5, 1.0), (0.5, 1.2, 1, 0.2, 3.0), (30, 0.5, 16, 1, 1)]:
+        q = mgc_wait(rate, s, c, cs2, ca2)
+        h = horizon_wait(rate, s, c, cs2, ca2, 1e7, 1e7 + 1)
+        for x in (0.0, 0.3 * q.p95_s, q.p95_s, 2 * q.p95_s):
+            assert h.over(x) == pytest.approx(q.p_wait_over(x), rel=1e-6, abs=1e-12)
+        assert h.p95_s == pytest.approx(q.p95_s, rel=1e-6, abs=1e-9)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.floats(0.1, 3.0), st.floats(0.1, 3.0), st.floats(0.05, 5.0), st.integers(1, 32),
+       st.floats(0.0, 2.0), st.floats(0.0, 20.0), st.floats(0.0, 400.0), st.floats(0.0, 400.0),
+       st.floats(0.01, 30.0))
+def test_the_horizon_wait_grows_with_load_and_time_and_is_continuous_at_rho_1(
+        rho1, rho2, s, c, cs2, ca2, start, span, x):
+    lo, hi = sorted((rho1, rho2))
+    a = horizon_wait(lo * c / s, s, c, cs2, ca2, start, start + span)
+    b = horizon_wait(hi * c / s, s, c, cs2, ca2, start, start + span)
+    assert 0.0 <= a.over(x) <= b.over(x) + 1e-9 <= 1.0 + 1e-9  # more load, longer waits
+    later = horizon_wait(lo * c / s, s, c, cs2, ca2, start + 10, start + span + 10)
+    assert a.over(x) <= later.over(x) + 1e-9  # the queue fills from idle
+    assert b.over(b.p95_s) <= 0.05 + 1e-6
+    # Continuity at ρ = 1: just below and just above agree (for x > 0: with no variability
+    # at all, P(W > 0) jumps from 0 to 1 there, as a deterministic queue's does).
+    below = horizon_wait((1 - 1e-7) * c / s, s, c, cs2, ca2, start, start + span)
+    above = horizon_wait((1 + 1e-7) * c / s, s, c, cs2, ca2, start, start + span)
+    assert below.over(x) == pytest.approx(above.over(x), abs=1e-4)
+
+
+def test_a_split_past_rho_1_over_a_horizon_has_a_finite_transient_and_stays_overloaded():
+    w = replace(RAG, rate_rps=13.0, prefix_hit=0.0)
+    steady = predict_split(L70_FP8, H200, 2, 6, w, _paths(2))
+    assert steady.overloaded and math.isinf(steady.ttft_p95_s)
+    short = predict_split(L70_FP8, H200, 2, 6, replace(w, horizon_s=10.0), _paths(2))
+    long = predict_split(L70_FP8, H200, 2, 6, replace(w, horizon_s=100.0), _paths(2))
+    assert short.overloaded and long.overloaded  # capacity is what it is
+    assert math.isfinite(short.ttft_p95_s) and short.ttft_p95_s < long.ttft_p95_s
+    assert 0.0 <= long.attainment <= short.attainment <= 1.0
+    # The backlog at the end of a horizon past ρ = 1 grows by about ρ − 1 s per second.
+    rho = short.utilisation
+    assert long.queue_p95_s > (rho - 1.0) * 100.0 * 0.8
+    # A stable split over a long horizon is its steady state.
+    calm = replace(w, rate_rps=4.0)
+    assert predict_split(L70_FP8, H200, 2, 6, replace(calm, horizon_s=1e6, horizon_start_s=1e6),
+                         _paths(2)).attainment == pytest.approx(
+        predict_split(L70_FP8, H200, 2, 6, calm, _paths(2)).attainment, abs=1e-6)
