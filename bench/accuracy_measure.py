@@ -6,6 +6,7 @@ targets, and the arrivals' burstiness (:mod:`prediction_accuracy` uses these).
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 
 
@@ -76,6 +77,38 @@ def burst_rate(arrivals: list[float], window_s: float) -> tuple[float | None, fl
         k = int((a - t0) / window_s)
         counts[k] = counts.get(k, 0) + 1
     return sum(n * (n - 1) for n in counts.values()) / (window_s * len(arrivals)), _scv(inside)
+
+
+def burst_span(arrivals: list[float], window_s: float) -> float | None:
+    """How long a burst lasts: the time scale L over which the rate a request sees around
+    itself (Σ n(n − 1) ÷ (L Σ n) over windows of L, doubling from ``window_s``) falls to half
+    its value at ``window_s`` (log-linear between the doublings; the whole span when it
+    never does, as for Poisson arrivals). None with fewer than two arrivals."""
+    if len(arrivals) < 2 or window_s <= 0:
+        return None
+    t0 = min(arrivals)
+    span = max(arrivals) - t0
+
+    def seen(width: float) -> float:
+        counts: dict[int, int] = {}
+        for a in arrivals:
+            k = int((a - t0) / width)
+            counts[k] = counts.get(k, 0) + 1
+        return sum(n * (n - 1) for n in counts.values()) / (width * len(arrivals))
+
+    first = seen(window_s)
+    if first <= 0:
+        return window_s
+    width, last = window_s, first
+    while width * 2 <= span:
+        now = seen(width * 2)
+        if now <= first / 2:
+            # log-linear between (width, last) and (2 width, now)
+            f = (math.log(last / (first / 2)) / math.log(last / now)
+                 if now > 0 and last > now else 1.0)
+            return width * 2 ** f
+        width, last = width * 2, now
+    return span
 
 
 def ttft_growth(results) -> tuple[float, float]:

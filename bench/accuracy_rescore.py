@@ -20,6 +20,7 @@ from prediction_accuracy import (
     TRACES,
     WARMUP_SHARE,
     EffectivePolicy,
+    burst_span,
     make_workload,
     predict_cell,
     summarise,
@@ -53,6 +54,18 @@ def warmup(c: dict) -> float:
     return arrivals[int(len(arrivals) * WARMUP_SHARE)] - arrivals[0] if arrivals else 0.0
 
 
+def span(c: dict) -> float | None:
+    """For a run saved before ``burst_span_s`` was recorded: the measured arrivals' burst
+    span (the same workload, rebuilt)."""
+    if c["workload"] not in TRACES:
+        return None
+    wl, slo = make_workload(CLUSTERS[c["cluster"]], c["workload"], c["load"],
+                            c["sim"].get("requests_asked") or c.get("requests_base", 200))
+    arrivals = sorted(r.arrival for r in wl.requests)
+    late = arrivals[int(len(arrivals) * WARMUP_SHARE):]
+    return burst_span(late, slo["ttft_ms"] / 1000)
+
+
 def rescore(cells: list[dict]) -> list[dict]:
     out = []
     for c in cells:
@@ -60,6 +73,8 @@ def rescore(cells: list[dict]) -> list[dict]:
             c = {**c, "sim": {**c["sim"], "local_prefill_share": local_share(c)}}
         if "warmup_s" not in c["sim"]:
             c = {**c, "sim": {**c["sim"], "warmup_s": warmup(c)}}
+        if "burst_span_s" not in c["sim"]:
+            c = {**c, "sim": {**c["sim"], "burst_span_s": span(c)}}
         pred = predict_cell(CLUSTERS[c["cluster"]], c["slo"], c["sim"], c["n_prefill"])
         out.append({**c, "pred": pred, "layout": pred["layout"]})
     return out

@@ -98,6 +98,7 @@ SHARED = ROOT.parent / "shared"
 from accuracy_measure import (  # noqa: E402  (re-exported for tests and other benches)
     arrival_cv2,
     burst_rate,
+    burst_span,
     steady_share,
     ttft_growth,
     window_gaps,
@@ -289,6 +290,9 @@ def simulate(cluster: dict, wl, slo: dict, n_prefill: int, trace: bool = False,
         # and the squared coefficient of variation of the gaps inside those windows.
         "burst_rate_rps": burst,
         "burst_cv2": cv2_in,
+        # How long a burst lasts (accuracy_measure.burst_span).
+        "burst_span_s": (burst_span([a for a in arrivals if a >= t0], slo["ttft_ms"] / 1000)
+                         if trace else None),
         # Share of requests the gateway's router placed by prefix affinity ("kv_prefix").
         "affinity_share": decisions.get("kv_prefix", 0) / routed if routed else 0.0,
         # Share of requests whose uncached prompt is short enough for local prefill.
@@ -335,6 +339,7 @@ def predict_cell(cluster: dict, slo: dict, stats: dict, n_prefill: int) -> dict:
              "uncached_p95": stats.get("uncached_p95"),
              "affinity_share": stats.get("affinity_share"),
              "burst_rate_rps": stats.get("burst_rate_rps"),
+             "burst_span_s": stats.get("burst_span_s"),
              "local_prefill_share": stats.get("local_prefill_share"),
              # The run is finite and starts on an idle fleet: the judged arrivals span
              # [warmup, warmup + window] seconds after the first (a queue near ρ = 1 is a
@@ -452,8 +457,10 @@ def _pred_key(c: dict, headroom: bool = False) -> tuple:
     # goodput to 4 decimals, then the saturation rate everywhere (``rank_corr_min_headroom``).
     pred = c["pred"]
     cap = pred["capacity_rps"] if pred["capacity_rps"] is not None else math.inf
-    if headroom:
-        return (round(pred["goodput_rps"], 4), float(f"{cap:.2g}") if cap > 0 else 0.0)
+    if headroom:  # an overloaded layout's goodput is 0 in the long run (as it was predicted
+        # before the finite horizon gave it a share over the run)
+        good = 0.0 if pred["overloaded"] else round(pred["goodput_rps"], 4)
+        return (good, float(f"{cap:.2g}") if cap > 0 else 0.0)
     if pred["overloaded"]:
         return (0.0, -1.0 / float(f"{cap:.2g}") if 0 < cap < math.inf else -math.inf)
     return (round(pred["share"] * c["sim"]["requests"]), 0.0)

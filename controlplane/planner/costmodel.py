@@ -375,11 +375,11 @@ class Workload:
     # which place the low end of a two-humped distribution badly (used in splits only:
     # dispatch.prompt_points).
     local_prefill_share: float | None = None
-    # A finite horizon (None: the steady state): the judged arrivals span [horizon_start_s,
-    # horizon_start_s + horizon_s] after the load began on an idle fleet, so a queue near or
-    # past ρ = 1 is the transient it is over that span (queueing.horizon_wait).
+    # A finite horizon (None: steady state): judged arrivals over [start, start + horizon_s]
+    # s after load began on an idle fleet; a burst lasts burst_span_s (see .horizon).
     horizon_s: float | None = None
     horizon_start_s: float = 0.0
+    burst_span_s: float | None = None
 
     @property
     def uncached_mean(self) -> float:

@@ -53,7 +53,6 @@ from .dispatch import (
     p95_length,
     prompt_points,
     tail_work,
-    with_bursts,
 )
 from .distributions import (
     POINTS,
@@ -64,7 +63,7 @@ from .distributions import mixture_p95 as _mixture_p95
 from .distributions import normal_tail as _normal_tail
 from .distributions import wait_over as _wait_cdf_inv
 from .distributions import weighted_quantile as _weighted_quantile
-from .horizon import horizon_of
+from .horizon import horizon_of, with_bursts
 from .pools import decode_local
 
 

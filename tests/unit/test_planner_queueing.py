@@ -232,3 +232,67 @@ def test_a_split_past_rho_1_over_a_horizon_has_a_finite_transient_and_stays_over
     assert predict_split(L70_FP8, H200, 2, 6, replace(calm, horizon_s=1e6, horizon_start_s=1e6),
                          _paths(2)).attainment == pytest.approx(
         predict_split(L70_FP8, H200, 2, 6, calm, _paths(2)).attainment, abs=1e-6)
+
+
+def test_a_burst_span_is_how_long_the_rate_around_a_request_holds():
+    import random
+
+    from accuracy_measure import burst_span
+    rng = random.Random(5)
+    poisson, t = [], 0.0
+    for _ in range(600):
+        t += rng.expovariate(4.0)
+        poisson.append(t)
+    # Poisson arrivals: the rate around a request is the mean rate at every scale.
+    assert burst_span(poisson, 1.0) >= 0.25 * (poisson[-1] - poisson[0])
+    # On/off: bursts of 8 s at 20/s, 200 s apart.
+    onoff = [k * 200.0 + rng.uniform(0.0, 8.0) for k in range(5) for _ in range(160)]
+    assert 4.0 <= burst_span(sorted(onoff), 1.0) <= 24.0
+    assert burst_span([1.0], 1.0) is None
+
+
+SPLIT_BURST = replace(RAG, rate_rps=1.0, prefix_hit=0.0, isl_p95=9000, isl_mean=3000,
+                      local_prefill_max_tokens=1200, local_prefill_share=0.375,
+                      burst_rate_rps=12.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.floats(1.5, 40.0), st.floats(1.5, 40.0), st.floats(0.5, 60.0), st.floats(0.5, 60.0))
+def test_a_longer_or_denser_burst_never_raises_the_share(b1, b2, d1, d2):
+    from controlplane.planner.dispatch import with_bursts as fluid
+    from controlplane.planner.horizon import with_bursts
+    lo_b, hi_b = sorted((b1, b2))
+    lo_d, hi_d = sorted((d1, d2))
+
+    def pred(b, d):
+        w = replace(SPLIT_BURST, burst_rate_rps=b, burst_span_s=d)
+        return predict_split(L70_FP8, H200, 2, 6, w, _paths(2))
+
+    base = pred(lo_b, lo_d)
+    assert 0.0 <= base.attainment <= 1.0
+    assert pred(lo_b, hi_d).attainment <= base.attainment + 1e-6
+    assert pred(hi_b, lo_d).attainment <= base.attainment + 1e-6
+    # The mean load sets utilisation and capacity; the burst only what a request sees.
+    calm = predict_split(L70_FP8, H200, 2, 6, replace(SPLIT_BURST, burst_rate_rps=None), _paths(2))
+    assert base.utilisation == calm.utilisation and base.capacity_rps == calm.capacity_rps
+    # Without a span the fluid bound of dispatch.with_bursts stands, unchanged.
+    from controlplane.planner.costmodel import DEFAULT_PARAMS
+    from controlplane.planner.layouts import _split
+    w, paths = replace(SPLIT_BURST, burst_rate_rps=lo_b), _paths(2)
+
+    def split(x):
+        return _split(L70_FP8, H200, 2, 6, x, paths, DEFAULT_PARAMS)
+
+    assert with_bursts(w, split) == fluid(w, split)
+
+
+def test_a_burst_past_the_prefill_pools_capacity_spares_what_the_decode_pool_prefills():
+    # Three prompts in eight are short enough to prefill on their decode worker: a long
+    # burst that swamps the prefill pool makes nearly every remote prompt late, not the
+    # local ones; the fluid bound scaled both by capacity ÷ burst rate.
+    w = replace(SPLIT_BURST, burst_rate_rps=40.0)
+    fluid = predict_split(L70_FP8, H200, 1, 7, w, _paths(1))
+    long = predict_split(L70_FP8, H200, 1, 7, replace(w, burst_span_s=60.0), _paths(1))
+    assert long.attainment == pytest.approx(0.375, abs=0.06)
+    assert long.attainment > fluid.attainment
+    assert long.ttft_p95_s > fluid.ttft_p95_s  # the backlog a long burst leaves
