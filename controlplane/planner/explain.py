@@ -179,6 +179,8 @@ def _verdict(d, obs, gv, sv, ch) -> str:
                 why = f"roll back: the load moved {gv.load_shift:.0%} since the move; " + why
             elif gv is not None and gv.detail:
                 why += f"; {gv.detail}"
+        if gv is not None and gv.breach_note:
+            why += "; " + gv.breach_note
         if gv is not None and gv.price is not None:
             why += "; " + explain_price(gv.price)
         out = f"→ move toward {tgt.layout if tgt else '?'} ({why}): {moves}."
@@ -209,11 +211,15 @@ def _verdict(d, obs, gv, sv, ch) -> str:
         "dwell": f"→ stay {here}: no return within the dwell window — " + (
             gv.detail if gv else ""),
         "move-held": f"→ hold {here} mid-move: " + (gv.detail if gv else ""),
+        "serves-measured-load": f"→ stay {here}: " + (gv.detail if gv else ""),
         "move-does-not-pay": f"→ hold {here}: " + (
             explain_price(gv.price, tgt.layout if tgt else "the move")
             if gv and gv.price else "the move does not pay"),
     }
-    return verdict.get(d.reason, f"→ {d.action} ({d.reason})") + "."
+    text = verdict.get(d.reason, f"→ {d.action} ({d.reason})")
+    if gv is not None and gv.breach_note:
+        text += f" ({gv.breach_note})"
+    return text + "."
 
 
 def explain_price(p, target: str = "") -> str:

@@ -221,7 +221,7 @@ def plan_model(
         # split starves the prefill pool; a 'decode' when aggregated never prefills) when
         # the clean layout is predicted at least as good as the one as it is.
         if gv.reason in ("current-is-best", "within-hysteresis", "dwell", "move-held",
-                         "move-does-not-pay"):
+                         "move-does-not-pay", "serves-measured-load"):
             relabel = _relabels(inp, obs, now)
             clean = cv.at_plan.get(cur_p)
             clean_now = next((c for c in cv.candidates if c.n_prefill == cur_p), None)

@@ -252,6 +252,9 @@ class GateVerdict:
     load_shift: float = 0.0
     forced: bool = False
     price: MovePrice | None = None  # the move priced against the regime's expected dwell
+    # A measured breach the model predicts at this load (dwell.explained_breach): why it
+    # did not lift the hysteresis.
+    breach_note: str = ""
 
 
 @dataclass(frozen=True)

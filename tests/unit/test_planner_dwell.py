@@ -94,7 +94,9 @@ def test_a_priced_move_always_pays_and_a_gain_of_zero_never_moves(
     price = gv.price if gv else None
     if price is not None:
         assert price.pays == (price.gain_rps > 0 and (bool(price.waived) or price.value_req > 0))
-        assert bool(price.waived) == ((load.measured_itl_p95_ms or 0) >= 75)
+        # Waived on a measured breach, unless the model predicts it (gate.breach_note).
+        assert bool(price.waived) == (
+            (load.measured_itl_p95_ms or 0) >= 75 and not gv.breach_note)
         assert math.isfinite(price.value_req) and price.cost_req >= 0
     if (
         d.action == "change"
@@ -124,6 +126,12 @@ def test_a_move_that_pays_is_not_blocked_forever_at_a_load_that_stays(load, hist
     for _ in range(200):
         d = plan_model(replace(make_input(workers, links, load), regime=regime), now)
         if d.action == "change" and d.reason in MOVING:
+            return
+        if d.reason == "serves-measured-load" and not first.record.gate.gain_now:
+            return  # the gain was at the planned load alone: not a move the price blocks
+        if d.record.gate.breach_note and first.record.gate.hysteresis == 0:
+            # The first move rested on a measured breach (no regime known then); past the
+            # regime's first window the model predicts that p95, so it is no ground.
             return
         assert d.reason == "move-does-not-pay", d.explanation
         regime, now = d.record.regime, now + PERIOD
@@ -191,7 +199,11 @@ def test_the_explanation_says_why_a_move_does_not_pay():
     ref = (8.0, 4000.0, 300.0, 0.3, 0.0, 0.0)
     now = 1000.0
     regime = Regime(now - 60, now - 30, ref, 2, ((60.0, *ref),) * 4)
-    d = plan_model(replace(make_input(workers, links, load), regime=regime), now)
+    # Aggregated keeps 98 % within targets at this load: under the default 90 % attainment
+    # a gain at the planned load alone would not start a move (steps.headroom_only), so
+    # the policy asks for 99 % here, and the move is priced.
+    d = plan_model(replace(make_input(workers, links, load, attainment=0.99), regime=regime),
+                   now)
     assert d.reason == "move-does-not-pay" and not d.changes
     p = d.record.gate.price
     assert f"{p.gain_rps:,.2f} req/s for ~{p.dwell_s:,.0f} s expected" in d.explanation
@@ -199,7 +211,7 @@ def test_the_explanation_says_why_a_move_does_not_pay():
     assert d.record.as_dict()["gate"]["price"]["pays"] is False
     # The same move with a regime that has lasted long: it pays, and the text says so.
     long = Regime(now - 3600, now - 30, ref, 120, ())
-    d = plan_model(replace(make_input(workers, links, load), regime=long), now)
+    d = plan_model(replace(make_input(workers, links, load, attainment=0.99), regime=long), now)
     assert d.action == "change" and "it pays" in d.explanation
 
 
