@@ -32,6 +32,7 @@ from .costmodel import (
     Prediction,
 )
 from .dwell import track_regime
+from .gate import _origin, gate
 from .placement import Topology, WorkerInput
 from .plantypes import (  # noqa: F401 - re-exported: callers import them from here
     DEFAULT_SETTINGS,
@@ -53,13 +54,11 @@ from .record import (
 from .stepping import eligible, in_cooldown, roles_after, take_up_to, wanted_changes
 from .steps import (  # noqa: F401 - re-exported: the planner's public helpers
     _kv_fits,
-    _origin,
     _prefill_range,
     choose,
     cooldown_waiver,
     current_prefill,
     decision_score,
-    gate,
     layout_state,
     load_shift,
     observe,

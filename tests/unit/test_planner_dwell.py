@@ -200,7 +200,7 @@ def test_the_explanation_says_why_a_move_does_not_pay():
     now = 1000.0
     regime = Regime(now - 60, now - 30, ref, 2, ((60.0, *ref),) * 4)
     # Aggregated keeps 98 % within targets at this load: under the default 90 % attainment
-    # a gain at the planned load alone would not start a move (steps.headroom_only), so
+    # a gain at the planned load alone would not start a move (gate.headroom_only), so
     # the policy asks for 99 % here, and the move is priced.
     d = plan_model(replace(make_input(workers, links, load, attainment=0.99), regime=regime),
                    now)

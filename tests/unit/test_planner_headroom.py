@@ -4,7 +4,7 @@
    p95 at least the overload factor over its target lifts the hysteresis only where it
    contradicts the prediction for the layout as it is (measured ≥ the factor × predicted),
    or in the first window of a load regime (the load read then trails the change).
-2. **Headroom does not start a move** (``steps.headroom_only``): a gain at the planned load
+2. **Headroom does not start a move** (``gate.headroom_only``): a gain at the planned load
    alone (recent peak + growth margin) starts no move, and carries none further, away from
    a layout that keeps the targets at the load measured now, past the regime's first
    window.
