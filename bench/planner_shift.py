@@ -45,7 +45,7 @@ import random
 import sys
 import time
 import zlib
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,7 +67,12 @@ from prediction_accuracy import SHARED, TRACES, base_rate, scenarios  # noqa: E4
 
 from controlplane.planner.calibration import CalibrationBook, LoadPoint  # noqa: E402
 from controlplane.planner.costmodel import DEFAULT_PARAMS  # noqa: E402
-from controlplane.planner.derive import LoadSmoother, carry_mix, derive_load  # noqa: E402
+from controlplane.planner.derive import (  # noqa: E402
+    LoadSmoother,
+    carry_mix,
+    derive_load,
+    local_prefill_share,
+)
 from controlplane.planner.placement import Topology, WorkerInput  # noqa: E402
 from controlplane.planner.planner import (  # noqa: E402
     DEFAULT_SETTINGS,
@@ -81,6 +86,8 @@ from controlplane.planner.planner import (  # noqa: E402
     workload_for,
 )
 from controlplane.policies.effective import EffectivePolicy  # noqa: E402
+from controlplane.telemetry.histograms import Histogram  # noqa: E402
+from workers_agent.sim.metrics import build_1_2_5_buckets  # noqa: E402
 from workers_agent.sim.virtual import RoleChange, VirtualFleet  # noqa: E402
 from workers_agent.sim.workload import (  # noqa: E402
     PromptFactory,
@@ -175,8 +182,9 @@ def policy_for(slo: dict, n: int) -> EffectivePolicy:
 
 class ProductLoop:
     def __init__(self, cluster: dict, engines, slo: dict, phases, model=MODEL, policy=None,
-                 smooth: bool = True):
+                 smooth: bool = True, local_share: bool = False):
         self.cluster = cluster
+        self.local_share = local_share
         self.model = model
         self.workers, self.links = planner_topology(cluster, engines)
         self.index = {w.name: w for w in self.workers}
@@ -197,6 +205,9 @@ class ProductLoop:
         self.log: list[dict] = []
         self.itl_seen: dict[str, int] = {}
         self.itl_mean_ms: float | None = None
+        # The interval's finished requests' prompt lengths, each once (where it decoded):
+        # what the engines' merged vllm:request_prompt_tokens histogram holds.
+        self.prompts_done: list[int] = []
 
     def phase_at(self, now: float) -> str:
         return next((p for p, a, b in self.phases if a <= now < b), self.phases[-1][0])
@@ -217,6 +228,8 @@ class ProductLoop:
                 acc = fin.setdefault(r.decode_engine, [0, 0])
                 acc[0] += r.prompt_tokens
                 acc[1] += r.output_tokens
+        self.prompts_done = [r.prompt_tokens for r in snap.recent_results
+                             if r.error is None and r.decode_engine]
         out = []
         for e in snap.engines:
             s = e.stats
@@ -236,6 +249,22 @@ class ProductLoop:
                 "finished_generation_tokens_per_s": fin.get(e.engine_id, [0, 0])[1] / dt,
             })
         return out
+
+    def with_local_prefill(self, load: LoadInput) -> LoadInput:
+        """As the live path without Prometheus (controlplane.planner.inputs
+        ._with_local_prefill): the share of requests conditional P/D prefills on their
+        decode worker, from the interval's prompt-length histogram in vLLM's token buckets
+        at local_prefill_max_tokens ÷ (1 − hit)."""
+        limit = self.policy.local_prefill_max_tokens
+        if limit <= 0 or not self.local_share:
+            return load
+        le = build_1_2_5_buckets(self.model.max_model_len or 1_000_000)
+        share = local_prefill_share(Histogram.from_values(self.prompts_done, le),
+                                    load.prefix_hit, float(limit))
+        if share is None:
+            return load
+        return replace(load, local_prefill_share=share,
+                       local_prefill_source="prompt histogram (bench interval)")
 
     def fleet_p95(self, snap) -> tuple[float | None, float | None]:
         """TTFT and token-gap p95 (ms) over the interval, as merged histograms give them;
@@ -267,6 +296,7 @@ class ProductLoop:
         ttft_ms, itl_ms = self.fleet_p95(snap)
         load = LoadInput(sm.rate_rps, max(dl.peak_rps, sm.rate_rps), sm.isl_mean, None,
                          sm.osl_mean, sm.prefix_hit, dl.inflight, dl.inflight, ttft_ms, itl_ms)
+        load = self.with_local_prefill(load)
         if not self.smoothing:
             load, _ = carry_mix(load, asdict(self.last_load) if self.last_load else None)
             self.last_load = load
@@ -352,12 +382,14 @@ def goodput(results, slo, a: float, b: float) -> float:
 def run_one(args):
     cname, wname, p, phase_s, cycles, interval, scale, *rest = args
     smooth = rest[0] if rest else True
+    local_share = rest[1] if len(rest) > 1 else False
     DEMO_SCALE["value"] = scale
     cluster = CLUSTERS[cname]
     wl, phases, slo = build_workload(cluster, wname, phase_s, cycles)
     roles = static_roles(cluster, p) if p is not None else None
     engines = sim_engines(cluster, roles)
-    loop = ProductLoop(cluster, engines, slo, phases, smooth=smooth) if p is None else None
+    loop = ProductLoop(cluster, engines, slo, phases, smooth=smooth,
+                       local_share=local_share) if p is None else None
     deadline = 2.0 * slo["ttft_ms"] / 1000.0
     fleet = VirtualFleet(engines, sim_links(cluster), controller=loop,
                          control_interval_s=interval, queue_deadline_s=deadline)
@@ -461,6 +493,10 @@ def main() -> None:
     ap.add_argument("--live-load", action="store_true",
                     help="the planner's load per window as the live path derives it (no "
                          "smoother; a window without finishes has rate 0, keeps its mix)")
+    ap.add_argument("--local-share", action="store_true",
+                    help="give the planner the measured local-prefill share (the live "
+                         "path's PLANNER_LOCAL_PREFILL_SHARE; off by default, see "
+                         "docs/benchmarks.md)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", default="")
     args = ap.parse_args()
@@ -476,7 +512,7 @@ def main() -> None:
             stride = 2
         for w in names:
             jobs.append((c, w, None, phase, cycles, args.interval, args.demo_scale,
-                         not args.live_load))
+                         not args.live_load, args.local_share))
             jobs.extend((c, w, p, phase, cycles, args.interval, args.demo_scale)
                         for p in range(0, n, stride))
     started = time.perf_counter()

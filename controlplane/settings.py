@@ -32,6 +32,8 @@ def _settings_from_env():
             "metrics_token": ec.read_secret(ENV, "METRICS_TOKEN"),
             "log_level": ec.env_str(ENV, "LOG_LEVEL", "INFO").upper(),
             "time_zone": ec.env_str(ENV, "TIME_ZONE", "UTC"),
+            "planner_local_prefill_share": ec.env_bool(
+                ENV, "PDPLANE_PLANNER_LOCAL_PREFILL_SHARE", False),
         }
     except ec.ConfigError as exc:
         raise ImproperlyConfigured(f"pdplane configuration error: {exc}") from None
@@ -182,6 +184,12 @@ CELERY_BEAT_SCHEDULE["telemetry-rollups"] = {"task": "telemetry.persist_rollups"
 CELERY_BEAT_SCHEDULE["planner-due"] = {"task": "planner.plan_due_clusters", "schedule": 10.0}
 CELERY_BEAT_SCHEDULE["planner-drains"] = {"task": "planner.track_drains", "schedule": 5.0}
 PLANNER_DRAIN_TIMEOUT_S = 600
+# Give the cost model the measured share of prompts conditional P/D prefills on the decode
+# worker (planner.inputs._with_local_prefill). Off: the share is placed on the fitted
+# prompt lengths as before. In the shifting-load benchmark the measured share made the
+# planner pick splits with too few prefill workers (docs/benchmarks.md, issue 16 live
+# share), so it stays opt-in until the model's decode-pool side is right.
+PLANNER_LOCAL_PREFILL_SHARE = _cfg["planner_local_prefill_share"]
 
 PROMETHEUS_URL = _cfg["prometheus_url"]
 METRICS_TOKEN = _cfg["metrics_token"]

@@ -101,6 +101,8 @@ def explain_decision(d: ModelDecision) -> str:
         + f" ({obs.prefix_hit:.0%} cached)"
         + (f", {obs.affinity_share:.0%} routed by prefix affinity ({obs.affinity_source})"
            if obs.affinity_share is not None else "")
+        + (f", {obs.local_prefill_share:.0%} short enough to prefill where they decode "
+           f"({obs.local_prefill_source})" if obs.local_prefill_share is not None else "")
         + f", answers {obs.osl_mean:,.0f}; targets TTFT p95 "
         f"{secs(obs.ttft_target_ms / 1000)}, ITL p95 {secs(obs.itl_target_ms / 1000)}."
     )

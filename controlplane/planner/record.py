@@ -187,6 +187,10 @@ class Observation:
     gpu_estimate: str = ""  # why the GPU profile is an estimate ("" when catalogued)
     affinity_share: float | None = None  # measured prefix-affinity share (None: estimated)
     affinity_source: str = ""
+    # Measured share of requests conditional P/D prefills on their decode worker (None:
+    # counted on the fitted prompts) and where it came from.
+    local_prefill_share: float | None = None
+    local_prefill_source: str = ""
 
 
 @dataclass(frozen=True)

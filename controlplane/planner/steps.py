@@ -64,6 +64,13 @@ def workload_for(load: LoadInput, policy: EffectivePolicy, rate: float) -> Workl
         # their decode worker (gateway.router, "pd_local_prefill").
         local_prefill_max_tokens=(max(policy.local_prefill_max_tokens, 0)
                                   if policy.disaggregation_mode == "auto" else 0),
+        # Measured share of requests those are (the gateway's decisions, or the prompt
+        # histogram × (1 − hit): inputs._with_local_prefill); None (unknown, or not a
+        # number) keeps the count on the fitted prompts.
+        local_prefill_share=(min(max(load.local_prefill_share, 0.0), 1.0)
+                             if load.local_prefill_share is not None
+                             and load.local_prefill_share == load.local_prefill_share
+                             else None),
     )
 
 
@@ -234,6 +241,8 @@ def observe(inp: ModelInput, now: float, settings: PlannerSettings) -> Observati
         gpu=inp.shape.gpu.name, tp=inp.shape.tp, move=move,
         gpu_estimate=getattr(inp.shape.gpu, "estimate_reason", "") or "",
         affinity_share=load.affinity_share, affinity_source=load.affinity_source,
+        local_prefill_share=load.local_prefill_share,
+        local_prefill_source=load.local_prefill_source,
     )
 
 

@@ -66,6 +66,23 @@ def _hot(hit):
                       "prompt_tokens_per_s": 1000.0, "generation_tokens_per_s": 300.0}
 
 
+@pytest.fixture(autouse=True)
+def _share_opted_in(settings):
+    # The live share is opt-in (settings.PLANNER_LOCAL_PREFILL_SHARE); these tests read it.
+    settings.PLANNER_LOCAL_PREFILL_SHARE = True
+
+
+def test_the_share_is_opt_in(h200_cluster, settings):  # noqa: F811
+    Policy.objects.filter(cluster=h200_cluster, served_model=None).update(
+        rebalance_interval_s=60, local_prefill_max_tokens=512)
+    now = time.time()
+    _write_snapshots(h200_cluster, ([200] * 12 + [8000] * 8, [100] * 20), now)
+    write_hot_state(h200_cluster, _hot(0.0), received_at=now)
+    settings.PLANNER_LOCAL_PREFILL_SHARE = False
+    (inp,) = gather_cluster(h200_cluster).models
+    assert inp.load.local_prefill_share is None and inp.load.local_prefill_source == ""
+
+
 def test_gather_cluster_reads_the_share_from_the_prompt_histogram(h200_cluster):  # noqa: F811
     Policy.objects.filter(cluster=h200_cluster, served_model=None).update(
         rebalance_interval_s=60, local_prefill_max_tokens=512)
