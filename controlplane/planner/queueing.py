@@ -78,9 +78,9 @@ def rbm_over(x: float, t: float, drift: float, var: float) -> float:
     ½ erfcx(z) e^(−(x − μt)² ÷ 2σ²t), z = (x + μt) ÷ σ√(2t), which does not overflow."""
     if x < 0:
         return 1.0
-    if t <= 0 or var <= 0:
+    s = math.sqrt(2.0 * var * t) if t > 0 and var > 0 else 0.0
+    if s <= 0:  # no time or no spread, or var × t below the smallest float (it underflows)
         return 1.0 if drift * max(t, 0.0) > x else 0.0
-    s = math.sqrt(2.0 * var * t)
     first = 0.5 * math.erfc((x - drift * t) / s)
     z = (x + drift * t) / s
     if z < 5.0:

@@ -171,6 +171,14 @@ def test_rbm_with_no_drift_is_the_reflected_normal():
         assert rbm_over(x, t, 0.0, var) == pytest.approx(want, abs=1e-12)
 
 
+def test_rbm_with_a_spread_too_small_for_a_float_is_the_deterministic_walk():
+    # var × t underflows to 0 (hypothesis found t ≈ 1e-285, var ≈ 4e-263): no division by
+    # zero, the answer of a walk with no spread.
+    assert rbm_over(1.0, 1.28e-285, 0.0, 3.9e-263) == 0.0
+    assert rbm_over(1e-100, 1e-150, 1.0, 1e-200) == 0.0  # drift × t short of x
+    assert rbm_over(1e-300, 1e-150, 1.0, 1e-200) == 1.0  # past x
+
+
 def test_rbm_matches_a_random_walk():
     # A fine random walk reflected at 0 (drift and variance per second as given).
     import random
