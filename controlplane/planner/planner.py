@@ -31,7 +31,7 @@ from . import explain
 from .costmodel import (
     Prediction,
 )
-from .dwell import track_regime
+from .dwell import cooldown_waiver, track_regime, turn_back_margin
 from .gate import _origin, gate
 from .placement import Topology, WorkerInput
 from .plantypes import (  # noqa: F401 - re-exported: callers import them from here
@@ -56,17 +56,14 @@ from .steps import (  # noqa: F401 - re-exported: the planner's public helpers
     _kv_fits,
     _prefill_range,
     choose,
-    cooldown_waiver,
     current_prefill,
     decision_score,
     layout_state,
-    load_shift,
     observe,
     predict,
     predict_candidates,
     predict_layout,
     share,
-    turn_back_margin,
     workload_for,
 )
 
@@ -201,7 +198,9 @@ def plan_model(
                 "roll-back" if target_p == _origin(inp.memory) else "retarget")
         gv = replace(gv, move_verdict=mv)
     rec.gate = gv
-    if gv.reason == "all-layouts-miss":
+    # Every layout predicted to miss is worth an alert even when the policy's bounds or an
+    # incomplete layout force a step anyway (a layout outside the bounds is not held).
+    if gv.reason == "all-layouts-miss" or (ch is not None and ch.all_miss):
         rec.alert = "all-layouts-miss"
     cur_p = obs.layout.prefill
     target = cv.at_plan.get(target_p) or (

@@ -80,7 +80,7 @@ class PlannerSettings:
     # ... and the load must have moved by more than max(hysteresis, this) to turn back.
     reverse_margin: float = 0.25
     # A worker still in its cooldown may change again when the load moved past that same
-    # margin since the last move (steps.cooldown_waiver); off: the cooldown always holds.
+    # margin since the last move (dwell.cooldown_waiver); off: the cooldown always holds.
     waive_cooldown_on_shift: bool = True
 
 

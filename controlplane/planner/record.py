@@ -241,7 +241,7 @@ class ChoiceVerdict:
 class GateVerdict:
     """Step 4, gate: may the planner move toward the choice this cycle? ``verdict`` is
     go | hold | keep; for a move under way ``move_verdict`` is finish | hold | roll-back | retarget;
-    ``extend`` when the choice carries the last move on past its target (steps.extends_move)."""
+    ``extend`` when the choice carries the last move on past its target (dwell.extends_move)."""
 
     verdict: str
     reason: str

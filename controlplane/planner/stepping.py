@@ -25,7 +25,7 @@ def eligible(w: WorkerInput, now: float, cooldown_s: float,
     """'' when the worker may change role now, else why not. ``waive_since``: the decision
     time of the last move when the load has since moved past the turn-back margin; a worker
     changed at or after it is then out of its cooldown (the cooldown stops reversals on
-    noise, and a load shift past that margin is not noise — see steps.cooldown_waiver)."""
+    noise, and a load shift past that margin is not noise — see dwell.cooldown_waiver)."""
     if w.stale:
         return "stale"
     if w.state != "active":

@@ -15,19 +15,7 @@ from typing import TYPE_CHECKING
 from controlplane.policies.effective import EffectivePolicy
 
 from .costmodel import Prediction, Workload
-from .dwell import (  # noqa: F401 - re-exported
-    cooldown_waiver,
-    explained_breach,
-    extends_move,
-    extends_regime,
-    load_shift,
-    measured_breach,
-    next_mix,
-    pick_paying,
-    prefill_moves,
-    price_move,
-    turn_back_margin,
-)
+from .dwell import load_shift
 from .layouts import predict_aggregated, predict_split
 from .placement import Topology, WorkerInput
 from .pools import combine_pools

@@ -19,9 +19,9 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from controlplane.planner.dwell import extends_move
 from controlplane.planner.planner import LoadInput, plan_model
 from controlplane.planner.record import MoveMemory, Regime
-from controlplane.planner.steps import extends_move
 from tests.unit.test_planner_invariants import fleet, hold_and_target_scores, make_input
 
 NOW = 10_000.0
