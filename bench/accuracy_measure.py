@@ -68,15 +68,20 @@ def burst_rate(arrivals: list[float], window_s: float) -> tuple[float | None, fl
     if len(arrivals) < 2 or window_s <= 0:
         return None, 1.0
     t0 = min(arrivals)
-    counts: dict[int, int] = {}
     inside = []
     for a, b in itertools.pairwise(sorted(arrivals)):
         if int((a - t0) / window_s) == int((b - t0) / window_s):
             inside.append(b - a)
+    return _rate_around(arrivals, t0, window_s), _scv(inside)
+
+
+def _rate_around(arrivals: list[float], t0: float, width: float) -> float:
+    """Σ n(n − 1) ÷ (width Σ n), n the arrivals in each window of ``width`` from ``t0``."""
+    counts: dict[int, int] = {}
     for a in arrivals:
-        k = int((a - t0) / window_s)
+        k = int((a - t0) / width)
         counts[k] = counts.get(k, 0) + 1
-    return sum(n * (n - 1) for n in counts.values()) / (window_s * len(arrivals)), _scv(inside)
+    return sum(n * (n - 1) for n in counts.values()) / (width * len(arrivals))
 
 
 def burst_span(arrivals: list[float], window_s: float) -> float | None:
@@ -90,11 +95,7 @@ def burst_span(arrivals: list[float], window_s: float) -> float | None:
     span = max(arrivals) - t0
 
     def seen(width: float) -> float:
-        counts: dict[int, int] = {}
-        for a in arrivals:
-            k = int((a - t0) / width)
-            counts[k] = counts.get(k, 0) + 1
-        return sum(n * (n - 1) for n in counts.values()) / (width * len(arrivals))
+        return _rate_around(arrivals, t0, width)
 
     first = seen(window_s)
     if first <= 0:

@@ -270,7 +270,7 @@ def _with_local_prefill(load: LoadInput, name: str, roles: dict, stats, max_toke
     histogram (the agents' engine snapshots) at ``max_tokens ÷ (1 − hit)`` — approximate:
     every prompt taken to hit the mean share (derive.local_prefill_share), (c) unchanged
     (None: the cost model places it on its fitted prompts)."""
-    if max_tokens <= 0 or not getattr(settings, "PLANNER_LOCAL_PREFILL_SHARE", False):
+    if max_tokens <= 0 or not settings.PLANNER_LOCAL_PREFILL_SHARE:
         return load  # no local prefill, or the share is not used (settings: opt-in)
     reader = _prometheus()
     if reader is not None:

@@ -32,6 +32,11 @@ class QueueWait:
         return self.p_wait * math.exp(-seconds * self.p_wait / self.mean_s)
 
 
+def _p_wait(rho: float, servers: int) -> float:
+    """The chance an arrival waits (ρ < 1): Sakasegawa's ρ^(√(2(c+1))−1)."""
+    return min(1.0, rho ** (math.sqrt(2.0 * (servers + 1)) - 1.0))
+
+
 def mgc_wait(
     rate: float, service_s: float, servers: int, service_cv2: float = 1.0,
     arrival_cv2: float = 1.0,
@@ -49,7 +54,7 @@ def mgc_wait(
     rho = rate * service_s / servers
     if rho >= 1:
         return QueueWait(rho, 1.0, math.inf, math.inf)
-    p_wait = min(1.0, rho ** (math.sqrt(2.0 * (servers + 1)) - 1.0))
+    p_wait = _p_wait(rho, servers)
     variability = (max(arrival_cv2, 0.0) + max(service_cv2, 0.0)) / 2.0
     mean = p_wait / (servers * (1.0 - rho)) * variability * service_s
     p95 = 0.0
@@ -83,10 +88,10 @@ def rbm_over(x: float, t: float, drift: float, var: float) -> float:
         return 1.0 if drift * max(t, 0.0) > x else 0.0
     first = 0.5 * math.erfc((x - drift * t) / s)
     z = (x + drift * t) / s
-    if z < 5.0:
-        second = 0.5 * math.exp(2.0 * drift * x / var) * math.erfc(z) if z > -26 else 0.0
-        if z <= -26:  # erfc(z) = 2 there: e^(2μx/σ²) ≤ 1 for the drift this needs (μ < 0)
-            second = math.exp(2.0 * drift * x / var)
+    if z <= -26:  # erfc(z) = 2 there: e^(2μx/σ²) ≤ 1 for the drift this needs (μ < 0)
+        second = math.exp(2.0 * drift * x / var)
+    elif z < 5.0:
+        second = 0.5 * math.exp(2.0 * drift * x / var) * math.erfc(z)
     else:
         second = 0.5 * _erfcx(z) * math.exp(-((x - drift * t) ** 2) / (s * s))
     return min(max(1.0 - (1.0 - first - second), 0.0), 1.0)
@@ -157,7 +162,7 @@ def horizon_wait(
     if rate <= 0 or service_s <= 0 or servers <= 0:
         return HorizonWait(0.0, 0.0, 0.0, 0.0, start, end)
     rho = rate * service_s / servers
-    p_wait = 1.0 if rho >= 1 else min(1.0, rho ** (math.sqrt(2.0 * (servers + 1)) - 1.0))
+    p_wait = 1.0 if rho >= 1 else _p_wait(rho, servers)
     two_v = max(arrival_cv2, 0.0) + max(service_cv2, 0.0)
     var = two_v * service_s * max(rho, 1.0) / servers
     return HorizonWait(rho, p_wait, rho - 1.0, var, max(start, 0.0), max(end, start, 0.0))
