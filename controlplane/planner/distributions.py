@@ -112,16 +112,38 @@ def weighted_quantile(pairs: list[tuple[float, float]], q: float) -> float:
 
 
 def wait_over(p_wait: float, mean_w: float):
-    """P(W > t) = p_wait × exp(−t p_wait / mean_w): the queue model's waiting tail."""
+    """P(W > t) = p_wait × exp(−t p_wait / mean_w): the queue model's waiting tail.
+
+    The function carries ``many(ts)``: the same values for a list of t, in one call (what
+    :func:`mixture_p95`'s bisection asks for eight points at a time)."""
+    dead = p_wait <= 0 or mean_w <= 0
+    exp = math.exp
+
     def over(t: float) -> float:
         if t < 0:
             return 1.0
-        if p_wait <= 0 or mean_w <= 0:
+        if dead:
             return 0.0
         if t == 0:
             return p_wait
-        return p_wait * math.exp(-t * p_wait / mean_w)
+        return p_wait * exp(-t * p_wait / mean_w)
+
+    def many(ts: list[float]) -> list[float]:
+        if dead:
+            return [1.0 if t < 0 else 0.0 for t in ts]
+        return [1.0 if t < 0 else p_wait if t == 0 else p_wait * exp(-t * p_wait / mean_w)
+                for t in ts]
+
+    over.many = many
     return over
+
+
+def over_many(wait_over):
+    """``wait_over.many`` where it has one (:func:`wait_over`), else one call per t."""
+    many = getattr(wait_over, "many", None)
+    if many is not None:
+        return many
+    return lambda ts: [wait_over(t) for t in ts]
 
 
 def mixture_p95(fixed: list[float], wait_over, wait_p95: float = 0.0) -> float:
@@ -130,11 +152,13 @@ def mixture_p95(fixed: list[float], wait_over, wait_p95: float = 0.0) -> float:
     if math.isinf(wait_p95):
         return math.inf
     lo, hi = min(fixed), max(fixed) + wait_p95 + 1e-9
-    if sum(wait_over(hi - f) for f in fixed) / len(fixed) > 0.05:  # numerical safety
+    many = over_many(wait_over)
+    n = len(fixed)
+    if sum(many([hi - f for f in fixed])) / n > 0.05:  # numerical safety
         return hi
     for _ in range(18):
         mid = (lo + hi) / 2
-        if sum(wait_over(mid - f) for f in fixed) / len(fixed) > 0.05:
+        if sum(many([mid - f for f in fixed])) / n > 0.05:
             lo = mid
         else:
             hi = mid
@@ -195,28 +219,44 @@ def busy_stall_share(target: float, base: float, base_sd: float, steps: float,
         rate *= kept
         moves = {c: m / kept for c, m in moves.items()}
 
-    def within(y: float) -> float:
-        slack = target - base - y / steps
-        if base_sd <= 0:
-            return 1.0 if slack >= -1e-12 else 0.0
-        return normal_tail(-slack / base_sd)
+    # Per grid cell, what the sum below reads (computed once, not once per count n): the
+    # busy-period factor τ ÷ (τ + y), the Poisson mean and its log, the share within target.
+    cells = range(STALL_GRID + 1)
+    ys = [cell * h for cell in cells]
+    lams = [rate * (tau + y) for y in ys]
+    factor = [tau / (tau + y) for y in ys]
+    neg_lam = [-lam for lam in lams]
+    log_lam = [math.log(lam) if lam > 0 else 0.0 for lam in lams]
+    positive_lam = [lam > 0 for lam in lams]
+    if base_sd <= 0:
+        within = [1.0 if target - base - y / steps >= -1e-12 else 0.0 for y in ys]
+    else:
+        within = [normal_tail(-(target - base - y / steps) / base_sd) for y in ys]
+    # The moves from each cell that stay on the grid, in the order of ``moves``.
+    move_list = list(moves.items())
+    reach: list[list[tuple[int, float]] | None] = [None] * (STALL_GRID + 1)
+    exp, lgamma = math.exp, math.lgamma
 
     dist = {0: 1.0}  # P(X₁ + … + Xₙ = cell × h, the sum still on the grid), n = 0
     total = 0.0
     n = 0
     while dist:
+        lg = lgamma(n + 1)
         for cell, mass in dist.items():
-            y = cell * h
-            lam = rate * (tau + y)
-            poisson = math.exp(-lam + n * math.log(lam) - math.lgamma(n + 1)) if lam > 0 else (
-                1.0 if n == 0 else 0.0)
-            total += tau / (tau + y) * poisson * mass * within(y)
+            if positive_lam[cell]:
+                poisson = exp(neg_lam[cell] + n * log_lam[cell] - lg)
+            else:
+                poisson = 1.0 if n == 0 else 0.0
+            total += factor[cell] * poisson * mass * within[cell]
         nxt: dict[int, float] = {}
+        get = nxt.get
         for cell, mass in dist.items():
-            for c, p in moves.items():
-                k = cell + c
-                if k <= STALL_GRID:
-                    nxt[k] = nxt.get(k, 0.0) + mass * p
+            to = reach[cell]
+            if to is None:
+                to = reach[cell] = [(cell + c, p) for c, p in move_list
+                                    if cell + c <= STALL_GRID]
+            for k, p in to:
+                nxt[k] = get(k, 0.0) + mass * p
         dist = nxt
         n += 1
     return _clamp(total, 0.0, 1.0)

@@ -81,9 +81,14 @@ def _largest_remainder(total: int, sizes: dict, prefer: dict) -> dict:
     exact = {k: total * s / n for k, s in sizes.items()}
     quota = {k: min(int(v), sizes[k]) for k, v in exact.items()}
     left = total - sum(quota.values())
-    order = sorted(
-        sizes, key=lambda k: (-(exact[k] - int(exact[k])), -prefer.get(k, 0), str(k))
-    )
+    if left <= 0:
+        return quota
+    # Sorted on (larger remainder, larger preference, key); the position breaks what is
+    # left of a tie as a stable sort would, and keeps the keys themselves out of the compare.
+    get = prefer.get
+    order = [k for *_r, k in sorted(
+        [(-(v - int(v)), -get(k, 0), str(k), i, k) for i, (k, v) in enumerate(exact.items())]
+    )]
     while left > 0:
         progressed = False
         for k in order:
@@ -137,6 +142,8 @@ class Topology:
             for n in self.nodes
         }
         self._group_cache: dict[tuple, dict] = {}
+        self._node_entry: dict[tuple, tuple] = {}
+        self._network: dict[tuple[int, int], Link | None] = {}
         # Small integer ids for signatures and link sets: hashing them per candidate is cheap.
         sig_ids: dict[tuple, int] = {}
         self._sig_id = {n: sig_ids.setdefault(self._group_sig[n], len(sig_ids)) for n in self.nodes}
@@ -165,21 +172,47 @@ class Topology:
             yield n, [(g, ws, g_quota[g]) for g, ws in self.groups[n]]
 
     def paths(self, n_prefill: int) -> PathMix:
+        """The path mix of the placement with ``n_prefill`` prefill workers: a function of
+        the topology and the count alone, so computed once per count (the search and the
+        gate ask for the same counts many times)."""
         if n_prefill <= 0:
             return PathMix()
-        if n_prefill not in self._paths:
-            group_counts = []
-            node_counts = {}
-            for n, groups in self._quotas(n_prefill):
+        hit = self._paths.get(n_prefill)
+        if hit is None:
+            hit = self._paths[n_prefill] = self._path_counts(n_prefill)
+        return hit
+
+    def _path_counts(self, n_prefill: int) -> PathMix:
+        node_quota = _largest_remainder(n_prefill, self.node_size, self.node_prefer)
+        group_counts: list[tuple[int, int, bool]] = []
+        node_counts = {}
+        node_entry = self._node_entry
+        for n in self.nodes:
+            quota = node_quota[n]
+            # Per (node signature, quota): the groups' (prefill, decode, NVLink) counts.
+            key = (self._sig_id[n], quota)
+            entry = node_entry.get(key)
+            if entry is None:
+                g_quota = self._group_quota(n, quota)
+                counts = [(g_quota[g], len(ws) - g_quota[g], g is not None)
+                          for g, ws in self.groups[n]]
                 p_node = 0
-                for g, ws, q in groups:
-                    group_counts.append((q, len(ws) - q, g is not None))
+                for q, _d, _has in counts:
                     p_node += q
-                node_counts[n] = (p_node, self.node_size[n] - p_node)
-            self._paths[n_prefill] = _path_mix(
-                n_prefill, len(self.workers) - n_prefill, group_counts, node_counts, self
-            )
-        return self._paths[n_prefill]
+                entry = node_entry[key] = (counts, p_node)
+            counts, p_node = entry
+            group_counts.extend(counts)
+            node_counts[n] = (p_node, self.node_size[n] - p_node)
+        return _path_mix(
+            n_prefill, len(self.workers) - n_prefill, group_counts, node_counts, self
+        )
+
+    def network_path(self, a: int, b: int) -> Link | None:
+        """:func:`network_path` between two distinct link sets (by id), computed once."""
+        key = (a, b)
+        if key not in self._network:
+            self._network[key] = network_path(self.distinct_links[a], self.distinct_links[b])
+        return self._network[key]
 
     def placement(self, n_prefill: int) -> Placement:
         if n_prefill <= 0:
@@ -206,8 +239,8 @@ def _path_mix(n_p, n_d, group_counts, node_counts, topo: Topology) -> PathMix:
     decode workers in proportion to their count, nearest first."""
     if n_p <= 0 or n_d <= 0:
         return PathMix()
-    nv = sum(min(p / n_p, d / n_d) for p, d, has in group_counts if has)
-    local = sum(min(p / n_p, d / n_d) for p, d in node_counts.values())
+    nv = sum([min(p / n_p, d / n_d) for p, d, has in group_counts if has])
+    local = sum([min(p / n_p, d / n_d) for p, d in node_counts.values()])
     net = max(0.0, 1.0 - local)
     pcie = max(0.0, local - nv)
     nvlink = topo.nvlink
@@ -223,7 +256,7 @@ def _path_mix(n_p, n_d, group_counts, node_counts, topo: Topology) -> PathMix:
         dst_links = sorted({topo.link_id[n] for n in dst})
         for a in src_links:
             for b in dst_links:
-                lk = network_path(topo.distinct_links[a], topo.distinct_links[b])
+                lk = topo.network_path(a, b)
                 if lk is None:
                     lk = Link("tcp", 0.0, "no shared fabric")
                 if worst is None or lk.gbs < worst.gbs or (
