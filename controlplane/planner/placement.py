@@ -155,6 +155,20 @@ class Topology:
         nvlinks = [lk.nvlink for lk in distinct if lk.nvlink is not None]
         self.nvlink = min(nvlinks, key=lambda lk: lk.gbs) if nvlinks else None
         self.pcie = min((lk.pcie for lk in distinct), key=lambda lk: lk.gbs) if distinct else None
+        # The node split (_node_quotas) on lists in node order: sizes, link ids, and each
+        # node's place in the remainder's tie-break (larger preference, then the key).
+        self._sizes = [self.node_size[n] for n in self.nodes]
+        self._link_of = [self.link_id[n] for n in self.nodes]
+        self._sig_of = [self._sig_id[n] for n in self.nodes]
+        tie = sorted(range(len(self.nodes)),
+                     key=lambda i: (-self.node_prefer.get(self.nodes[i], 0), str(self.nodes[i]), i))
+        self._tie_rank = [0] * len(self.nodes)
+        for rank, i in enumerate(tie):
+            self._tie_rank[i] = rank
+        # Per distinct node size, its nodes in tie-break order.
+        self._by_size: dict[int, list[int]] = defaultdict(list)
+        for i in tie:
+            self._by_size[self._sizes[i]].append(i)
 
     def _group_quota(self, node: str, quota: int) -> dict:
         sig, prefer = self._group_sig[node]
@@ -182,30 +196,98 @@ class Topology:
             hit = self._paths[n_prefill] = self._path_counts(n_prefill)
         return hit
 
+    def _node_quotas(self, total: int) -> list[int]:
+        """:func:`_largest_remainder` over the nodes (sizes, prefill preference, names), as
+        a list in node order: the same split, with what depends on a node's size alone
+        computed once per distinct size."""
+        sizes = self._sizes
+        n = len(self.workers)
+        if n == 0 or total <= 0:
+            return [0] * len(sizes)
+        exact = {s: total * s / n for s in self._by_size}
+        floor = {s: min(int(v), s) for s, v in exact.items()}
+        quota = [floor[s] for s in sizes]
+        left = total - sum(quota)
+        if left <= 0:
+            return quota
+        # Larger remainder first, then the tie-break (preference, name): nodes of one size
+        # share a remainder, so the order is their precomputed lists, merged where two sizes
+        # have the same remainder.
+        by_frac: dict[float, list[int]] = {}
+        for s, v in exact.items():
+            by_frac.setdefault(-(v - int(v)), []).append(s)
+        order: list[int] = []
+        tie = self._tie_rank
+        for f in sorted(by_frac):
+            group = by_frac[f]
+            if len(group) == 1:
+                order.extend(self._by_size[group[0]])
+            else:
+                order.extend(sorted([i for s in group for i in self._by_size[s]],
+                                    key=tie.__getitem__))
+        while left > 0:
+            progressed = False
+            for i in order:
+                if left == 0:
+                    break
+                if quota[i] < sizes[i]:
+                    quota[i] += 1
+                    left -= 1
+                    progressed = True
+            if not progressed:
+                break
+        return quota
+
     def _path_counts(self, n_prefill: int) -> PathMix:
-        node_quota = _largest_remainder(n_prefill, self.node_size, self.node_prefer)
-        group_counts: list[tuple[int, int, bool]] = []
-        node_counts = {}
-        node_entry = self._node_entry
-        for n in self.nodes:
-            quota = node_quota[n]
-            # Per (node signature, quota): the groups' (prefill, decode, NVLink) counts.
-            key = (self._sig_id[n], quota)
-            entry = node_entry.get(key)
+        n_p, n_d = n_prefill, len(self.workers) - n_prefill
+        if n_p <= 0 or n_d <= 0:
+            return PathMix()
+        # Per (node signature, quota) — what a node's counts depend on — its groups' share
+        # terms min(p ÷ P, d ÷ D) (NVLink groups only), its own term, whether it sends or
+        # receives across nodes. The sums run over the nodes in order, as before.
+        nv_terms: list[float] = []
+        local_terms: list[float] = []
+        src_links: set[int] = set()
+        dst_links: set[int] = set()
+        senders = 0
+        terms: dict[tuple[int, int], tuple] = {}
+        sig_of, link_of = self._sig_of, self._link_of
+        for i, quota in enumerate(self._node_quotas(n_prefill)):
+            key = (sig_of[i], quota)
+            entry = terms.get(key)
             if entry is None:
-                g_quota = self._group_quota(n, quota)
-                counts = [(g_quota[g], len(ws) - g_quota[g], g is not None)
-                          for g, ws in self.groups[n]]
-                p_node = 0
-                for q, _d, _has in counts:
-                    p_node += q
-                entry = node_entry[key] = (counts, p_node)
-            counts, p_node = entry
-            group_counts.extend(counts)
-            node_counts[n] = (p_node, self.node_size[n] - p_node)
-        return _path_mix(
-            n_prefill, len(self.workers) - n_prefill, group_counts, node_counts, self
-        )
+                counts, p_node, d_node = self._node_counts(i, quota)
+                entry = terms[key] = (
+                    [min(p / n_p, d / n_d) for p, d, has in counts if has],
+                    min(p_node / n_p, d_node / n_d),
+                    p_node / n_p > d_node / n_d + 1e-12,
+                    d_node / n_d > p_node / n_p + 1e-12,
+                )
+            nv_terms.extend(entry[0])
+            local_terms.append(entry[1])
+            if entry[2]:
+                senders += 1
+                src_links.add(link_of[i])
+            if entry[3]:
+                dst_links.add(link_of[i])
+        return _path_mix(sum(nv_terms), sum(local_terms), sorted(src_links),
+                         sorted(dst_links), senders, self)
+
+    def _node_counts(self, i: int, quota: int) -> tuple[list, int, int]:
+        """(groups' (prefill, decode, NVLink) counts, node's prefill, node's decode) for node
+        ``i`` holding ``quota`` prefill workers; per (node signature, quota)."""
+        key = (self._sig_of[i], quota)
+        entry = self._node_entry.get(key)
+        if entry is None:
+            n = self.nodes[i]
+            g_quota = self._group_quota(n, quota)
+            counts = [(g_quota[g], len(ws) - g_quota[g], g is not None)
+                      for g, ws in self.groups[n]]
+            p_node = 0
+            for q, _d, _has in counts:
+                p_node += q
+            entry = self._node_entry[key] = (counts, p_node, self._sizes[i] - p_node)
+        return entry
 
     def network_path(self, a: int, b: int) -> Link | None:
         """:func:`network_path` between two distinct link sets (by id), computed once."""
@@ -234,26 +316,20 @@ def place(
     return Topology(workers, node_links).placement(n_prefill)
 
 
-def _path_mix(n_p, n_d, group_counts, node_counts, topo: Topology) -> PathMix:
+def _path_mix(nv: float, local: float, src_links: list[int], dst_links: list[int],
+              senders: int, topo: Topology) -> PathMix:
     """Shares of transfers per link kind when each prefill worker's output is spread over
-    decode workers in proportion to their count, nearest first."""
-    if n_p <= 0 or n_d <= 0:
-        return PathMix()
-    nv = sum([min(p / n_p, d / n_d) for p, d, has in group_counts if has])
-    local = sum([min(p / n_p, d / n_d) for p, d in node_counts.values()])
+    decode workers in proportion to their count, nearest first: ``nv`` and ``local`` are
+    the sums over NVLink groups and nodes of min(prefill share, decode share); the links
+    are those of the nodes sending (more prefill than decode share) and receiving."""
     net = max(0.0, 1.0 - local)
     pcie = max(0.0, local - nv)
     nvlink = topo.nvlink
     network = None
-    senders = 1
     if net > 1e-9:
-        src = [n for n, (p, d) in node_counts.items() if p / n_p > d / n_d + 1e-12]
-        dst = [n for n, (p, d) in node_counts.items() if d / n_d > p / n_p + 1e-12]
-        senders = max(len(src), 1)
+        senders = max(senders, 1)
         worst = None
         # Distinct link sets only: a thousand identical nodes are one pair to check.
-        src_links = sorted({topo.link_id[n] for n in src})
-        dst_links = sorted({topo.link_id[n] for n in dst})
         for a in src_links:
             for b in dst_links:
                 lk = topo.network_path(a, b)
@@ -264,6 +340,8 @@ def _path_mix(n_p, n_d, group_counts, node_counts, topo: Topology) -> PathMix:
                 ):
                     worst = lk
         network = worst
+    else:
+        senders = 1
     return PathMix(
         nvlink=nv if nvlink else 0.0,
         pcie=pcie + (0.0 if nvlink else nv),
