@@ -96,8 +96,8 @@ from workers_agent.sim.workload import (  # noqa: E402
     load_trace,
 )
 
-MOVING = ("better-layout", "roll-back", "policy-bound", "continue-move")
-NEW_TARGET = ("better-layout", "roll-back", "policy-bound")
+MOVING = ("better-layout", "roll-back", "policy-bound", "continue-move", "surge-headroom")
+NEW_TARGET = ("better-layout", "roll-back", "policy-bound", "surge-headroom")
 
 
 # --- Workloads ----------------------------------------------------------------------------

@@ -41,6 +41,7 @@ from .steps import (
     share,
     workload_for,
 )
+from .surge import surge_continues, surge_move
 
 if TYPE_CHECKING:  # pragma: no cover
     from .plantypes import ModelInput, PlannerSettings
@@ -200,6 +201,10 @@ def gate(inp: ModelInput, obs: Observation, cv: CandidateVerdict, ch: ChoiceVerd
                            gain_now=gv.gain_now, gain_plan=gv.gain_plan,
                            target_score=gv.target_score, price=pr, **base), p
 
+    still = surge_continues(inp, obs, cv, settings, topo) if move is not None and not breach else ""
+    if still and score(move.target_prefill) >= hold:
+        return GateVerdict("go", "continue-move", move_verdict="finish", detail=still,
+                           target_score=score(move.target_prefill), **base), move.target_prefill
     extend = extends_move(mem, cur_p, ch.best_prefill, moved, regime)
     if extend:
         # The best layout lies past the last move's target, in its direction, and the load
@@ -249,9 +254,24 @@ def gate(inp: ModelInput, obs: Observation, cv: CandidateVerdict, ch: ChoiceVerd
                                   "layout as it is; the load has not moved enough to "
                                   "turn back", target_score=score(target), **base), target
     target = ch.best_prefill
+
+    def or_surge(keep: GateVerdict, p: int) -> tuple[GateVerdict, int]:
+        # Keeping a layout that serves the load: unless another takes a surge of this mix
+        # it could not, and the load is low enough for the move to be cheap (surge.py).
+        if move is not None or breach:
+            return keep, p
+        found = surge_move(inp, obs, cv, settings, topo, now, moved)
+        if found is None:
+            return keep, p
+        q, why = found
+        if score(q) < hold:
+            return keep, p
+        return GateVerdict("go", "surge-headroom", detail=why, target_score=score(q),
+                           **base), q
+
     if target == cur_p:
-        return GateVerdict("keep", "current-is-best", target_score=ch.best_score,
-                           **base), cur_p
+        return or_surge(GateVerdict("keep", "current-is-best", target_score=ch.best_score,
+                                    **base), cur_p)
     verdict = ""
     if move is not None:
         verdict = "roll-back" if target == _origin(mem) else "retarget"
@@ -267,9 +287,9 @@ def gate(inp: ModelInput, obs: Observation, cv: CandidateVerdict, ch: ChoiceVerd
     not_worse, g_now, g_plan = worth(target)
     t_score = score(target)
     if not not_worse or not (g_now or g_plan):
-        return GateVerdict("keep", "within-hysteresis", gain_now=g_now, gain_plan=g_plan,
-                           target_score=t_score, move_verdict="hold" if move else "",
-                           **base), target
+        return or_surge(GateVerdict("keep", "within-hysteresis", gain_now=g_now,
+                                    gain_plan=g_plan, target_score=t_score,
+                                    move_verdict="hold" if move else "", **base), target)
     # A gain at the planned load alone (the recent peak plus the growth margin) does not
     # start a move away from a layout that keeps the targets at the load measured now: on
     # the demo, 4P:4D served chat within targets (as well as any static layout) and the
@@ -277,8 +297,8 @@ def gate(inp: ModelInput, obs: Observation, cv: CandidateVerdict, ch: ChoiceVerd
     # workers draining (rag2 0.67, rag3 0.70 of the best static).
     served = headroom_only(inp, obs, ref_now, regime) if not g_now and move is None else ""
     if served:
-        return GateVerdict("keep", "serves-measured-load", detail=served, gain_plan=g_plan,
-                           target_score=t_score, **base), target
+        return or_surge(GateVerdict("keep", "serves-measured-load", detail=served,
+                                    gain_plan=g_plan, target_score=t_score, **base), target)
     return priced(GateVerdict("go", "roll-back" if verdict == "roll-back" else "better-layout",
                               gain_now=g_now, gain_plan=g_plan, target_score=t_score,
                               move_verdict=verdict, detail=breach, **base), target,

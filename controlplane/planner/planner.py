@@ -295,7 +295,7 @@ def plan_model(
                              steps_total=max(math.ceil(abs(target_p - mem.origin_prefill)
                                                        / max(mem.step_limit, 1)), 1))
     elif gv.reason != "continue-move" or inp.memory is None:
-        rec.memory = _memory_for(inp, obs, target_p, target.layout, now)
+        rec.memory = _memory_for(inp, obs, target_p, target.layout, now, reason=gv.reason)
     changes = [RoleChange(x.id, x.name, x.node, x.role, r) for x, r in take]
     return decision("change", gv.reason, target=target, step=step, changes=changes,
                     overload=overload)
@@ -332,13 +332,13 @@ def _state_after(workers: list[WorkerInput], take) -> LayoutState:
 
 
 def _memory_for(inp: ModelInput, obs: Observation, target_p: int, target_layout: str,
-                now: float, keep: bool = False) -> MoveMemory | None:
+                now: float, keep: bool = False, reason: str = "") -> MoveMemory | None:
     if keep and inp.memory is not None:
         return inp.memory
     limit = max(inp.policy.max_changes_per_cycle, 1)
     total = max(math.ceil(abs(target_p - obs.layout.prefill) / limit), 1)
     return MoveMemory(obs.layout.prefill, target_p, obs.layout.label(), target_layout, now,
-                      obs.rate_rps, obs.isl_mean, obs.osl_mean, limit, total)
+                      obs.rate_rps, obs.isl_mean, obs.osl_mean, limit, total, reason)
 
 
 def plan_cluster(

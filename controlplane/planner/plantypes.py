@@ -82,6 +82,12 @@ class PlannerSettings:
     # A worker still in its cooldown may change again when the load moved past that same
     # margin since the last move (dwell.cooldown_waiver); off: the cooldown always holds.
     waive_cooldown_on_shift: bool = True
+    # Prepare for a surge while the load is low (surge.surge_move): leave a layout that
+    # serves the load for one predicted to keep the targets at surge_factor × the load the
+    # layout as it is can take at this mix, when the planned load is at most
+    # surge_load_share of that. 0 turns it off.
+    surge_factor: float = 1.5
+    surge_load_share: float = 0.5
 
 
 DEFAULT_SETTINGS = PlannerSettings()

@@ -65,6 +65,7 @@ class MoveMemory:
     osl_mean: float
     step_limit: int = 1
     steps_total: int = 1
+    reason: str = ""  # the gate's reason for the move (surge-headroom moves are continued)
 
     def as_dict(self) -> dict:
         return {k: _num(v) for k, v in asdict(self).items()}
@@ -82,6 +83,7 @@ class MoveMemory:
                 float(data["decided_at"]), float(data["rate_rps"]),
                 float(data["isl_mean"]), float(data["osl_mean"]),
                 max(int(data.get("step_limit", 1)), 1), max(int(data.get("steps_total", 1)), 1),
+                str(data.get("reason", "")),
             )
         except (KeyError, TypeError, ValueError):
             return None

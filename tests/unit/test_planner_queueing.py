@@ -217,10 +217,14 @@ def test_the_horizon_wait_grows_with_load_and_time_and_is_continuous_at_rho_1(
     assert a.over(x) <= later.over(x) + 1e-9  # the queue fills from idle
     assert b.over(b.p95_s) <= 0.05 + 1e-6
     # Continuity at ρ = 1: just below and just above agree (for x > 0: with no variability
-    # at all, P(W > 0) jumps from 0 to 1 there, as a deterministic queue's does).
-    below = horizon_wait((1 - 1e-7) * c / s, s, c, cs2, ca2, start, start + span)
-    above = horizon_wait((1 + 1e-7) * c / s, s, c, cs2, ca2, start, start + span)
-    assert below.over(x) == pytest.approx(above.over(x), abs=1e-4)
+    # at all, P(W > 0) jumps from 0 to 1 there, as a deterministic queue's does). Nearly no
+    # variability is nearly that jump: the slope in ρ grows as t ÷ (σ √t), so ρ ± 1e-7 moves
+    # P by ~2e-3 at cs2 = 0, ca2 = 4e-7, t = 328 s (hypothesis found it). Checked where the
+    # walk has some spread.
+    if cs2 + ca2 >= 1e-2:
+        below = horizon_wait((1 - 1e-7) * c / s, s, c, cs2, ca2, start, start + span)
+        above = horizon_wait((1 + 1e-7) * c / s, s, c, cs2, ca2, start, start + span)
+        assert below.over(x) == pytest.approx(above.over(x), abs=1e-4)
 
 
 def test_a_split_past_rho_1_over_a_horizon_has_a_finite_transient_and_stays_overloaded():
