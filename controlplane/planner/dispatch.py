@@ -45,7 +45,28 @@ def prompt_work(w: Workload, isl_pts: tuple[float, ...]) -> list[tuple[float, fl
     return [(min(u, x), max(x - u, 0.0)) for u, x in zip(unc, isl_pts, strict=True)]
 
 
+# prompt_points per Workload object: a layout search prices every candidate on the same
+# Workload, and the points are a function of it alone (frozen). Keyed on the object itself
+# (held here, so its id is not reused while the entry lives); bounded.
+_POINTS_CACHE: dict[tuple[int, bool], tuple] = {}
+_POINTS_CACHE_MAX = 256
+
+
 def prompt_points(w: Workload, split: bool = True) -> tuple[
+        tuple[float, ...], tuple[float, ...], list[tuple[float, float]]]:
+    """:func:`_prompt_points`, computed once per Workload object (the work list is a fresh
+    copy each call)."""
+    key = (id(w), split)
+    hit = _POINTS_CACHE.get(key)
+    if hit is None or hit[0] is not w:
+        if len(_POINTS_CACHE) >= _POINTS_CACHE_MAX:
+            _POINTS_CACHE.clear()
+        isl, ctx, work = _prompt_points(w, split)
+        hit = _POINTS_CACHE[key] = (w, isl, ctx, tuple(work))
+    return hit[1], hit[2], list(hit[3])
+
+
+def _prompt_points(w: Workload, split: bool = True) -> tuple[
         tuple[float, ...], tuple[float, ...], list[tuple[float, float]]]:
     """(prompt lengths, decode contexts, (uncached, cached) work) at the eight quantiles.
     In a split (``split``) with the share of prompts short enough for conditional P/D's
@@ -118,6 +139,14 @@ def dispatch_wait(w: Workload, mean_s: float, workers: int, cv2: float,
 
     def over(t: float) -> float:
         return a * over_alone(t) + (1.0 - a) * over_pooled(t)
+
+    many_alone, many_pooled = over_alone.many, over_pooled.many
+
+    def many(ts: list[float]) -> list[float]:
+        return [a * x + (1.0 - a) * y
+                for x, y in zip(many_alone(ts), many_pooled(ts), strict=True)]
+
+    over.many = many
 
     bound = max(alone.p95_s, pooled.p95_s)
     return over, bound, _mixture_p95([0.0], over, bound) if bound > 0 else 0.0

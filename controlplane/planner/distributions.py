@@ -242,15 +242,14 @@ def busy_stall_share(target: float, base: float, base_sd: float, steps: float,
     n = 0
     while dist:
         lg = lgamma(n + 1)
+        nxt: dict[int, float] = {}
+        get = nxt.get
         for cell, mass in dist.items():
             if positive_lam[cell]:
                 poisson = exp(neg_lam[cell] + n * log_lam[cell] - lg)
             else:
                 poisson = 1.0 if n == 0 else 0.0
             total += factor[cell] * poisson * mass * within[cell]
-        nxt: dict[int, float] = {}
-        get = nxt.get
-        for cell, mass in dist.items():
             to = reach[cell]
             if to is None:
                 to = reach[cell] = [(cell + c, p) for c, p in move_list

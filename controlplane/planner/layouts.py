@@ -73,7 +73,7 @@ def _preempt_risk(batch: float, ctx_pts: tuple[float, ...], cap_tokens: float,
     if batch <= 0 or cap_tokens <= 0:
         return 0.0
     m1 = sum(ctx_pts) / len(ctx_pts)
-    m2 = sum(c * c for c in ctx_pts) / len(ctx_pts)
+    m2 = sum([c * c for c in ctx_pts]) / len(ctx_pts)
     need = batch * m1 + extra_tokens
     sd = math.sqrt(batch * m2)
     return _normal_tail((cap_tokens - need) / sd) if sd > 0 else float(need > cap_tokens)
@@ -160,7 +160,7 @@ def _aggregated(
             services.append(sum(mine))
         weight = 1.0 if final else share_here
         mean_s = weight * sum(services) / len(lengths)
-        mean_n = weight * sum(len(s) for s in steps) / len(lengths)
+        mean_n = weight * sum([len(s) for s in steps]) / len(lengths)
         rho_p = r * mean_s
         if final:
             break
@@ -178,7 +178,7 @@ def _aggregated(
         services = [sum(x) for x in steps]
     mean_s = sum(services) / POINTS if services else 0.0
     rho_p = r * mean_s
-    mean_n = sum(len(x) for x in steps) / POINTS
+    mean_n = sum([len(x) for x in steps]) / POINTS
     if rho_p < 1 and mean_n:
         mixed = r * mean_n
         pure = (1.0 - rho_p) / t_d
@@ -197,7 +197,7 @@ def _aggregated(
         where = "prefill (chunks mixed into decode steps)" if rho_p >= kv_used else "KV cache"
         return _overloaded(name, 0, workers, w, max(util, 1.0), where, gpus, **extra), 0.0, 0.0
     k = params.ttft_factor
-    var_s = sum((s - mean_s) ** 2 for s in services) / POINTS
+    var_s = sum([(s - mean_s) ** 2 for s in services]) / POINTS
     cv2 = var_s / mean_s ** 2 if mean_s > 0 else 0.0
     over, wait_p95, queue_p95 = dispatch_wait(w, mean_s, workers, cv2, params)
     # Nothing to prefill (every prompt fully cached, or no prompt at all): one point, the
@@ -222,9 +222,9 @@ def _aggregated(
     ttft_p95 = (max(_mixture_p95(fixed, over, wait_p95), s95 if mean_u > 0 else 0.0)
                 + res95) * k
     slo_left = w.ttft_slo_s / k - t_d * stepping / 2.0
-    p_ttft = sum(1.0 - over(slo_left - s) if s < slo_left else 0.0 for s in fixed) / len(fixed)
+    p_ttft = sum([1.0 - over(slo_left - s) if s < slo_left else 0.0 for s in fixed]) / len(fixed)
     # Token gaps: pure decode steps, and steps carrying a chunk of each quantile's prompt.
-    n_all = sum(len(s) for s in steps) or 1
+    n_all = sum([len(s) for s in steps]) or 1
     gaps = [(t_d, 1.0 - f_gap)] + [(x, f_gap / n_all) for mine in steps for x in mine]
     jitter = _step_sd(timing, batch, ctx_pts)
     itl_p95 = (_weighted_quantile(gaps, 0.95) + Z95 * jitter) * params.itl_factor
@@ -249,7 +249,7 @@ def _aggregated(
         p_itl = exact
     else:
         mean_req = t_d_k + f_gap * t_c_k
-        var_x = r_seen * sum(x * x for x in extra) / POINTS * t_d / (n_out * (1 - rho_x) ** 3)
+        var_x = r_seen * sum([x * x for x in extra]) / POINTS * t_d / (n_out * (1 - rho_x) ** 3)
         sd_req = math.sqrt(sd_k ** 2 + var_x)
         p_itl = 1.0 - _normal_tail((w.itl_slo_s - mean_req) / max(sd_req, 1e-9))
     risk = _preempt_risk(batch, ctx_pts, cap_tokens, rho_p * w.isl_mean)
@@ -288,7 +288,7 @@ def _step_sd(timing: Timing, batch: float, ctx_pts: tuple[float, ...]) -> float:
     if batch <= 0:
         return 0.0
     per = [c * timing.kv_bytes_per_token / timing.mem_bw + timing.per_seq_s for c in ctx_pts]
-    m2 = sum(x * x for x in per) / len(per)
+    m2 = sum([x * x for x in per]) / len(per)
     return math.sqrt(batch * m2)
 
 
@@ -328,7 +328,7 @@ def _split(model: ModelSpec, shape: WorkerShape, n_prefill: int, n_decode: int, 
     services = [timing.prefill(*work[i], params.chunk_tokens) for i in remote]
     isl_pts_r = [isl_pts[i] for i in remote]
     mean_s = sum(services) / len(remote)
-    var_s = sum((s - mean_s) ** 2 for s in services) / len(remote)
+    var_s = sum([(s - mean_s) ** 2 for s in services]) / len(remote)
     remote_rate = w.rate_rps * (1.0 - local_share)
     cs2 = var_s / mean_s ** 2 if mean_s > 0 else 0.0
     wait = mgc_wait(remote_rate, mean_s, n_prefill, cs2, w.arrival_cv2)
@@ -379,8 +379,8 @@ def _split(model: ModelSpec, shape: WorkerShape, n_prefill: int, n_decode: int, 
         a, b = coef[i]
         return a + b * nbytes if nbytes > 0 else 0.0
 
-    mean_a = sum(shares[i][0] * coef[i][0] for i in coef)
-    mean_b = sum(shares[i][0] * coef[i][1] for i in coef)
+    mean_a = sum([shares[i][0] * coef[i][0] for i in coef])
+    mean_b = sum([shares[i][0] * coef[i][1] for i in coef])
     t_pts_mean = [mean_a + mean_b * x * kvb if x > 0 else 0.0 for x in isl_pts_r]
     t_pts_tail = [xfer(x * kvb, slow) if slow is not None else 0.0 for x in isl_pts_r]
     t_mean = sum(t_pts_mean) / len(remote)
@@ -421,8 +421,8 @@ def _split(model: ModelSpec, shape: WorkerShape, n_prefill: int, n_decode: int, 
            if lim <= 0 or tail_u[0] > lim else 0.0)
     ttft_p95 = max(_mixture_p95(fixed_tail, over, q95), s95) * k
     slo_left = w.ttft_slo_s / k
-    p_ttft = sum(1.0 - over(slo_left - s) if s < slo_left else 0.0
-                 for s in fixed_mean) / len(remote)
+    p_ttft = sum([1.0 - over(slo_left - s) if s < slo_left else 0.0
+                  for s in fixed_mean]) / len(remote)
     sd = _step_sd(timing, batch, ctx_pts)
     itl = t_d * params.itl_factor
     itl_p95 = (t_d + Z95 * sd) * params.itl_factor

@@ -126,7 +126,7 @@ class HorizonWait:
             return 0.0
         a, b = self.start, max(self.end, self.start)
         ts = [a + (b - a) * (i + 0.5) / HORIZON_NODES for i in range(HORIZON_NODES)]
-        return self.p_wait * sum(rbm_over(x, t, self.drift, self.var) for t in ts) / len(ts)
+        return self.p_wait * sum([rbm_over(x, t, self.drift, self.var) for t in ts]) / len(ts)
 
     @property
     def p95_s(self) -> float:
