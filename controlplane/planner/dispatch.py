@@ -6,6 +6,7 @@ requests see it. Pure arithmetic for :mod:`.layouts`; no dependency on the simul
 from __future__ import annotations
 
 from dataclasses import replace
+from math import exp
 
 from .costmodel import (
     DEFAULT_PARAMS,
@@ -45,25 +46,49 @@ def prompt_work(w: Workload, isl_pts: tuple[float, ...]) -> list[tuple[float, fl
     return [(min(u, x), max(x - u, 0.0)) for u, x in zip(unc, isl_pts, strict=True)]
 
 
+class IdMemo:
+    """Values computed from frozen inputs, keyed on the inputs' identity: the same objects
+    give the same value. An entry holds its inputs, so their ids are not reused while it
+    lives; the memo empties itself past ``size`` entries. (Identity, not equality: 1 and
+    1.0, 0.0 and -0.0 are equal keys but need not give the same repr.)"""
+
+    def __init__(self, size: int = 256):
+        self.size = size
+        self.entries: dict[tuple, tuple] = {}
+
+    def get(self, objs: tuple, compute):
+        key = tuple([id(o) for o in objs])
+        hit = self.entries.get(key)
+        if hit is not None:
+            held = hit[0]
+            for i, o in enumerate(objs):
+                if held[i] is not o:
+                    break
+            else:
+                return hit[1]
+        value = compute()
+        if len(self.entries) >= self.size:
+            self.entries.clear()
+        self.entries[key] = (objs, value)
+        return value
+
+
 # prompt_points per Workload object: a layout search prices every candidate on the same
-# Workload, and the points are a function of it alone (frozen). Keyed on the object itself
-# (held here, so its id is not reused while the entry lives); bounded.
-_POINTS_CACHE: dict[tuple[int, bool], tuple] = {}
-_POINTS_CACHE_MAX = 256
+# Workload, and the points are a function of it alone (frozen).
+_POINTS = IdMemo(256)
 
 
 def prompt_points(w: Workload, split: bool = True) -> tuple[
         tuple[float, ...], tuple[float, ...], list[tuple[float, float]]]:
-    """:func:`_prompt_points`, computed once per Workload object (the work list is a fresh
-    copy each call)."""
-    key = (id(w), split)
-    hit = _POINTS_CACHE.get(key)
-    if hit is None or hit[0] is not w:
-        if len(_POINTS_CACHE) >= _POINTS_CACHE_MAX:
-            _POINTS_CACHE.clear()
-        isl, ctx, work = _prompt_points(w, split)
-        hit = _POINTS_CACHE[key] = (w, isl, ctx, tuple(work))
-    return hit[1], hit[2], list(hit[3])
+    """:func:`_prompt_points`, computed once per Workload object and ``split`` (the work
+    list is a fresh copy each call)."""
+    isl, ctx, work = _POINTS.get((w, bool(split)), lambda: _frozen_points(w, split))
+    return isl, ctx, list(work)
+
+
+def _frozen_points(w: Workload, split: bool):
+    isl, ctx, work = _prompt_points(w, split)
+    return isl, ctx, tuple(work)
 
 
 def _prompt_points(w: Workload, split: bool = True) -> tuple[
@@ -140,11 +165,17 @@ def dispatch_wait(w: Workload, mean_s: float, workers: int, cv2: float,
     def over(t: float) -> float:
         return a * over_alone(t) + (1.0 - a) * over_pooled(t)
 
-    many_alone, many_pooled = over_alone.many, over_pooled.many
+    # over() at many points in one pass (for mixture_p95): each wait_over term inline.
+    pa, ma, pp, mp = alone.p_wait, alone.mean_s, pooled.p_wait, pooled.mean_s
+    dead_a, dead_p = pa <= 0 or ma <= 0, pp <= 0 or mp <= 0
+    b = 1.0 - a
 
     def many(ts: list[float]) -> list[float]:
-        return [a * x + (1.0 - a) * y
-                for x, y in zip(many_alone(ts), many_pooled(ts), strict=True)]
+        return [a * (1.0 if t < 0 else 0.0 if dead_a else pa if t == 0
+                     else pa * exp(-t * pa / ma))
+                + b * (1.0 if t < 0 else 0.0 if dead_p else pp if t == 0
+                       else pp * exp(-t * pp / mp))
+                for t in ts]
 
     over.many = many
 

@@ -48,6 +48,7 @@ from .costmodel import (
     transfer_time_s,
 )
 from .dispatch import (
+    IdMemo,
     dispatch_wait,
     exposure,
     p95_length,
@@ -105,12 +106,29 @@ def _overloaded(layout: str, np_: int, nd: int, w: Workload, util: float, where:
     return Prediction(**base)
 
 
+# Aggregated predictions by their inputs' identity: a planning cycle prices the layout as
+# it is (all 'both': aggregated) and the aggregated candidate on the same Workload object,
+# at the load now and at the planned load. Every input is frozen, so the same objects give
+# the same prediction; an entry holds them, so their ids are not reused while it lives.
+_AGG_CACHE: dict[tuple, tuple] = {}
+_AGG_CACHE_MAX = 512
+
+
 def predict_aggregated(
     model: ModelSpec, shape: WorkerShape, workers: int, w: Workload,
     params: CostParams = DEFAULT_PARAMS,
 ) -> Prediction:
     """Every worker prefills (in chunks mixed into decode steps) and decodes."""
-    return with_bursts(w, lambda x: _aggregated(model, shape, workers, x, params)[0])
+    key = (id(model), id(shape), id(w), id(params), type(workers), workers)
+    hit = _AGG_CACHE.get(key)
+    if (hit is not None and hit[0] is model and hit[1] is shape and hit[2] is w
+            and hit[3] is params):
+        return hit[4]
+    pred = with_bursts(w, lambda x: _aggregated(model, shape, workers, x, params)[0])
+    if len(_AGG_CACHE) >= _AGG_CACHE_MAX:
+        _AGG_CACHE.clear()
+    _AGG_CACHE[key] = (model, shape, w, params, pred)
+    return pred
 
 
 def _aggregated(
@@ -300,6 +318,30 @@ def predict_split(
     return with_bursts(w, lambda x: _split(model, shape, n_prefill, n_decode, x, paths, params))
 
 
+# What a split's prediction reads of its Workload and its links, whatever the counts: the
+# remote prompts' prefill times, and each link's transfer coefficients (by identity).
+_REMOTE = IdMemo(256)
+_LINKS = IdMemo(256)
+
+
+def _remote_service(w: Workload, timing: Timing, params: CostParams, remote: list[int]):
+    """(prefill time of each prompt the prefill pool takes, their lengths, mean, SCV)."""
+    isl_pts, _ctx, work = prompt_points(w)
+    services = [timing.prefill(*work[i], params.chunk_tokens) for i in remote]
+    isl_pts_r = [isl_pts[i] for i in remote]
+    mean_s = sum(services) / len(remote)
+    var_s = sum([(s - mean_s) ** 2 for s in services]) / len(remote)
+    cs2 = var_s / mean_s ** 2 if mean_s > 0 else 0.0
+    return services, isl_pts_r, mean_s, cs2
+
+
+def _affine_transfer(link, params: CostParams) -> tuple[float, float]:
+    """(set-up latency, seconds per byte) of a transfer over ``link``, as :func:`_split`
+    prices every quantile prompt (its coefficients from the times of 1 and 2 bytes)."""
+    lat = transfer_time_s(1.0, link, params)
+    return lat, transfer_time_s(2.0, link, params) - lat
+
+
 def _split(model: ModelSpec, shape: WorkerShape, n_prefill: int, n_decode: int, w: Workload,
            paths: PathMix, params: CostParams) -> Prediction:
     name = layout_name(n_prefill, n_decode)
@@ -325,12 +367,9 @@ def _split(model: ModelSpec, shape: WorkerShape, n_prefill: int, n_decode: int, 
             model, shape, n_decode, w, params, remote_above=float(lim))
         if not remote or local.overloaded:
             return decode_local(local, name, n_prefill, n_decode, gpus, local_share)
-    services = [timing.prefill(*work[i], params.chunk_tokens) for i in remote]
-    isl_pts_r = [isl_pts[i] for i in remote]
-    mean_s = sum(services) / len(remote)
-    var_s = sum([(s - mean_s) ** 2 for s in services]) / len(remote)
+    services, isl_pts_r, mean_s, cs2 = _REMOTE.get(
+        (w, timing, params), lambda: _remote_service(w, timing, params, remote))
     remote_rate = w.rate_rps * (1.0 - local_share)
-    cs2 = var_s / mean_s ** 2 if mean_s > 0 else 0.0
     wait = mgc_wait(remote_rate, mean_s, n_prefill, cs2, w.arrival_cv2)
     hw = horizon_of(w, remote_rate, mean_s, n_prefill, cs2)  # None: the steady state
     kvb = model.kv_bytes_per_token
@@ -339,7 +378,8 @@ def _split(model: ModelSpec, shape: WorkerShape, n_prefill: int, n_decode: int, 
     # slowest path carrying ≥ 5 % of transfers; NIC paths queue (M/M/1 inflation).
     inflate: dict[int, float] = {}
     link_util = 0.0
-    for i, (share, link) in enumerate(paths.shares()):
+    shares = paths.shares()
+    for i, (share, link) in enumerate(shares):
         if share <= 0:
             continue
         if link is None or link.gbs <= 0:
@@ -348,7 +388,8 @@ def _split(model: ModelSpec, shape: WorkerShape, n_prefill: int, n_decode: int, 
         inflate[i] = 1.0
         if link.kind in ("rdma", "tcp"):
             per_nic = remote_rate * share * nbytes_mean / max(paths.network_nodes, 1)
-            link_util = per_nic / (effective_gbs(link, params) * GB)
+            link_util = per_nic / _LINKS.get((link, params, "rate"),
+                                             lambda link=link: effective_gbs(link, params) * GB)
             if link_util >= 1:
                 t_one = transfer_time_s(max(isl_pts) * kvb, link, params)
                 return _overloaded(name, n_prefill, n_decode, w,
@@ -358,7 +399,6 @@ def _split(model: ModelSpec, shape: WorkerShape, n_prefill: int, n_decode: int, 
                                    transfer_s=t_one, transfer_mean_s=t_one,
                                    transfer_bytes=nbytes_mean, kv_capacity_seqs=cap_seqs)
             inflate[i] = 1.0 / (1.0 - link_util)
-    shares = paths.shares()
     slow = None
     acc = 0.0
     for i in sorted(inflate, reverse=True):  # network, then PCIe, then NVLink
@@ -371,8 +411,8 @@ def _split(model: ModelSpec, shape: WorkerShape, n_prefill: int, n_decode: int, 
     # coefficients per path, so eight quantile prompts cost eight multiply-adds.
     coef = {}
     for i in inflate:
-        lat = transfer_time_s(1.0, shares[i][1], params)
-        per_byte = transfer_time_s(2.0, shares[i][1], params) - lat
+        lat, per_byte = _LINKS.get((shares[i][1], params, "affine"),
+                                   lambda i=i: _affine_transfer(shares[i][1], params))
         coef[i] = ((lat - per_byte) * inflate[i], per_byte * inflate[i])
 
     def xfer(nbytes: float, i: int) -> float:
