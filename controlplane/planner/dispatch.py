@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from math import exp
+from operator import is_
 
 from .costmodel import (
     DEFAULT_PARAMS,
@@ -57,15 +58,10 @@ class IdMemo:
         self.entries: dict[tuple, tuple] = {}
 
     def get(self, objs: tuple, compute):
-        key = tuple([id(o) for o in objs])
+        key = tuple(map(id, objs))
         hit = self.entries.get(key)
-        if hit is not None:
-            held = hit[0]
-            for i, o in enumerate(objs):
-                if held[i] is not o:
-                    break
-            else:
-                return hit[1]
+        if hit is not None and all(map(is_, hit[0], objs)):
+            return hit[1]
         value = compute()
         if len(self.entries) >= self.size:
             self.entries.clear()

@@ -109,6 +109,14 @@ def transfer_time_s(
     return link_latency_s(link.kind, params) + nbytes / (effective_gbs(link, params) * GB)
 
 
+def affine_transfer(link: Link, params: CostParams = DEFAULT_PARAMS) -> tuple[float, float]:
+    """(time of 1 byte, seconds per byte) over ``link``: :func:`transfer_time_s` is affine
+    in the bytes, so these two give every size (how a split prices each quantile prompt's
+    transfer: the latency is the first less the second)."""
+    lat = transfer_time_s(1.0, link, params)
+    return lat, transfer_time_s(2.0, link, params) - lat
+
+
 def best_link(candidates: list[Link], params: CostParams = DEFAULT_PARAMS) -> Link | None:
     """The fastest of several paths (highest effective rate); ties: the cheaper kind first."""
     if not candidates:

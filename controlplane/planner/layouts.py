@@ -65,6 +65,7 @@ from .distributions import normal_tail as _normal_tail
 from .distributions import wait_over as _wait_cdf_inv
 from .distributions import weighted_quantile as _weighted_quantile
 from .horizon import horizon_of, with_bursts
+from .kvlinks import affine_transfer
 from .pools import decode_local
 
 
@@ -318,8 +319,8 @@ def predict_split(
     return with_bursts(w, lambda x: _split(model, shape, n_prefill, n_decode, x, paths, params))
 
 
-# What a split's prediction reads of its Workload and its links, whatever the counts: the
-# remote prompts' prefill times, and each link's transfer coefficients (by identity).
+# What a split's prediction reads of its Workload and its path mix, whatever the counts:
+# the remote prompts' prefill times, each path's transfer coefficients (by identity).
 _REMOTE = IdMemo(256)
 _LINKS = IdMemo(256)
 
@@ -333,13 +334,6 @@ def _remote_service(w: Workload, timing: Timing, params: CostParams, remote: lis
     var_s = sum([(s - mean_s) ** 2 for s in services]) / len(remote)
     cs2 = var_s / mean_s ** 2 if mean_s > 0 else 0.0
     return services, isl_pts_r, mean_s, cs2
-
-
-def _affine_transfer(link, params: CostParams) -> tuple[float, float]:
-    """(set-up latency, seconds per byte) of a transfer over ``link``, as :func:`_split`
-    prices every quantile prompt (its coefficients from the times of 1 and 2 bytes)."""
-    lat = transfer_time_s(1.0, link, params)
-    return lat, transfer_time_s(2.0, link, params) - lat
 
 
 def _split(model: ModelSpec, shape: WorkerShape, n_prefill: int, n_decode: int, w: Workload,
@@ -379,6 +373,9 @@ def _split(model: ModelSpec, shape: WorkerShape, n_prefill: int, n_decode: int, 
     inflate: dict[int, float] = {}
     link_util = 0.0
     shares = paths.shares()
+    # Per (path mix, params), filled as asked: i -> path i's transfer coefficients,
+    # -1 - i -> its effective rate in bytes/s.
+    terms = _LINKS.get((paths, params), dict)
     for i, (share, link) in enumerate(shares):
         if share <= 0:
             continue
@@ -388,8 +385,10 @@ def _split(model: ModelSpec, shape: WorkerShape, n_prefill: int, n_decode: int, 
         inflate[i] = 1.0
         if link.kind in ("rdma", "tcp"):
             per_nic = remote_rate * share * nbytes_mean / max(paths.network_nodes, 1)
-            link_util = per_nic / _LINKS.get((link, params, "rate"),
-                                             lambda link=link: effective_gbs(link, params) * GB)
+            den = terms.get(-1 - i)
+            if den is None:
+                den = terms[-1 - i] = effective_gbs(link, params) * GB
+            link_util = per_nic / den
             if link_util >= 1:
                 t_one = transfer_time_s(max(isl_pts) * kvb, link, params)
                 return _overloaded(name, n_prefill, n_decode, w,
@@ -411,8 +410,10 @@ def _split(model: ModelSpec, shape: WorkerShape, n_prefill: int, n_decode: int, 
     # coefficients per path, so eight quantile prompts cost eight multiply-adds.
     coef = {}
     for i in inflate:
-        lat, per_byte = _LINKS.get((shares[i][1], params, "affine"),
-                                   lambda i=i: _affine_transfer(shares[i][1], params))
+        lat_per = terms.get(i)
+        if lat_per is None:
+            lat_per = terms[i] = affine_transfer(shares[i][1], params)
+        lat, per_byte = lat_per
         coef[i] = ((lat - per_byte) * inflate[i], per_byte * inflate[i])
 
     def xfer(nbytes: float, i: int) -> float:

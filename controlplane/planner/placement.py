@@ -245,33 +245,24 @@ class Topology:
         # Per (node signature, quota) — what a node's counts depend on — its groups' share
         # terms min(p ÷ P, d ÷ D) (NVLink groups only), its own term, whether it sends or
         # receives across nodes. The sums run over the nodes in order, as before.
-        nv_terms: list[float] = []
-        local_terms: list[float] = []
-        src_links: set[int] = set()
-        dst_links: set[int] = set()
-        senders = 0
+        keys = list(zip(self._sig_of, self._node_quotas(n_prefill), strict=True))
+        # key -> its first node (written last when walking the nodes backwards)
+        first = dict(zip(reversed(keys), range(len(keys) - 1, -1, -1), strict=True))
         terms: dict[tuple[int, int], tuple] = {}
-        sig_of, link_of = self._sig_of, self._link_of
-        for i, quota in enumerate(self._node_quotas(n_prefill)):
-            key = (sig_of[i], quota)
-            entry = terms.get(key)
-            if entry is None:
-                counts, p_node, d_node = self._node_counts(i, quota)
-                entry = terms[key] = (
-                    [min(p / n_p, d / n_d) for p, d, has in counts if has],
-                    min(p_node / n_p, d_node / n_d),
-                    p_node / n_p > d_node / n_d + 1e-12,
-                    d_node / n_d > p_node / n_p + 1e-12,
-                )
-            nv_terms.extend(entry[0])
-            local_terms.append(entry[1])
-            if entry[2]:
-                senders += 1
-                src_links.add(link_of[i])
-            if entry[3]:
-                dst_links.add(link_of[i])
-        return _path_mix(sum(nv_terms), sum(local_terms), sorted(src_links),
-                         sorted(dst_links), senders, self)
+        for key, i in first.items():
+            counts, p_node, d_node = self._node_counts(i, key[1])
+            terms[key] = (
+                [min(p / n_p, d / n_d) for p, d, has in counts if has],
+                min(p_node / n_p, d_node / n_d),
+                p_node / n_p > d_node / n_d + 1e-12,
+                d_node / n_d > p_node / n_p + 1e-12,
+            )
+        entries = list(map(terms.__getitem__, keys))
+        link_of = self._link_of
+        src = [link_of[i] for i, e in enumerate(entries) if e[2]]
+        dst = [link_of[i] for i, e in enumerate(entries) if e[3]]
+        return _path_mix(sum([t for e in entries for t in e[0]]), sum([e[1] for e in entries]),
+                         sorted(set(src)), sorted(set(dst)), len(src), self)
 
     def _node_counts(self, i: int, quota: int) -> tuple[list, int, int]:
         """(groups' (prefill, decode, NVLink) counts, node's prefill, node's decode) for node
