@@ -224,6 +224,14 @@ def _group(entries, load: LoadInput, margin: float) -> list[tuple[float, LoadInp
     return [(g[0] / total, _as_load(load, g[1])) for g in groups] if total > 0 else []
 
 
+def past_loads(regime: Regime | None, load: LoadInput, margin: float) -> list[LoadInput]:
+    """The loads of the past regimes the planner remembers (``regime.history``), merged
+    where within ``margin`` of each other, as loads like ``load`` with their mix."""
+    if regime is None or not regime.history:
+        return []
+    return [ld for _wt, ld in _group([(1.0, x[1:]) for x in regime.history], load, margin)]
+
+
 def next_mix(
     regime: Regime | None, load: LoadInput, margin: float
 ) -> tuple[list[tuple[float, LoadInput]], str]:

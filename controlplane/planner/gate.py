@@ -18,6 +18,7 @@ from .dwell import (
     load_shift,
     measured_breach,
     next_mix,
+    past_loads,
     pick_paying,
     prefill_moves,
     price_move,
@@ -260,7 +261,8 @@ def gate(inp: ModelInput, obs: Observation, cv: CandidateVerdict, ch: ChoiceVerd
         # it could not, and the load is low enough for the move to be cheap (surge.py).
         if move is not None or breach:
             return keep, p
-        found = surge_move(inp, obs, cv, settings, topo, now, moved)
+        found = surge_move(inp, obs, cv, settings, topo, now, moved,
+                           past_loads(regime, inp.load, margin))
         if found is None:
             return keep, p
         q, why = found

@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING
 
 from .placement import Topology
 from .record import CandidateVerdict, MoveMemory, Observation
-from .steps import _meets, predict, workload_for
+from .steps import _meets, predict, share, workload_for
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .plantypes import ModelInput, PlannerSettings
+    from .plantypes import LoadInput, ModelInput, PlannerSettings
 
 # Bisection on log(rate): 8 halvings of at most a 64× bracket leave ±1.6 % on the
 # capacity, well inside the 1.5× a surge move needs.
@@ -68,6 +68,21 @@ def slo_capacity(inp: ModelInput, n_prefill: int, rate: float, topo: Topology,
         else:
             hi_l = mid
     return math.exp(lo_l)
+
+
+def _serves_seen(inp: ModelInput, p: int, cur_p: int, seen: list[LoadInput],
+                 topo: Topology) -> bool:
+    """Whether the layout with ``p`` prefill workers keeps as many requests within targets
+    (to the score's 1 %) as the one with ``cur_p`` at every load in ``seen``. The demo's chat
+    → RAG cycle: at chat, 2P:10D takes more chat than 6P:6D, but the RAG phase seen before
+    needs 6P:6D, and a surge move there would be undone by the next RAG phase."""
+    pol = inp.policy
+    for ld in seen:
+        w = workload_for(ld, pol, ld.rate_rps)
+        there, here = predict(inp, p, w, topo), predict(inp, cur_p, w, topo)
+        if round(share(there), 2) < round(share(here), 2):
+            return False
+    return True
 
 
 def _spare_rate(obs: Observation, settings: PlannerSettings) -> float:
@@ -111,10 +126,12 @@ def surge_continues(inp: ModelInput, obs: Observation, cv: CandidateVerdict,
 
 def surge_move(inp: ModelInput, obs: Observation, cv: CandidateVerdict,
                settings: PlannerSettings, topo: Topology, now: float,
-               moved: bool) -> tuple[int, str] | None:
+               moved: bool, seen: list[LoadInput] | None = None) -> tuple[int, str] | None:
     """(prefill count to move to, why) when the layout as it is should be left now for one
     that takes a surge of the same mix; None to keep it. ``moved``: the load moved past the
-    turn-back margin since the last move (the dwell rule's way back is open)."""
+    turn-back margin since the last move (the dwell rule's way back is open). ``seen``: the
+    loads of past regimes (dwell.past_loads); the target must serve each of them as well as
+    the layout as it is — a surge of this mix is a guess, a load already seen is not."""
     if settings.surge_factor <= 0 or obs.rate_rps <= 0 or obs.move is not None:
         return None
     st, pol = obs.layout, inp.policy
@@ -145,6 +162,8 @@ def surge_move(inp: ModelInput, obs: Observation, cv: CandidateVerdict,
         at = predict(inp, p, w_surge, topo)
         if _meets(at, pol):
             able.append((at.attainment, at.capacity_rps, p))
+    if able and seen:
+        able = [a for a in able if _serves_seen(inp, a[2], cur_p, seen, topo)]
     if not able:
         return None
     # Bisect the few most promising only (share at the surge, then the saturation rate):
