@@ -319,10 +319,11 @@ def predict_split(
     return with_bursts(w, lambda x: _split(model, shape, n_prefill, n_decode, x, paths, params))
 
 
-# What a split's prediction reads of its Workload and its path mix, whatever the counts:
-# the remote prompts' prefill times, each path's transfer coefficients (by identity).
+# What a split's prediction reads of its Workload and its links, whatever the counts: the
+# remote prompts' prefill times, each link's rate and transfer coefficients (by identity).
 _REMOTE = IdMemo(256)
-_LINKS = IdMemo(256)
+_LINK_RATE = IdMemo(64)
+_LINK_AFFINE = IdMemo(64)
 
 
 def _remote_service(w: Workload, timing: Timing, params: CostParams, remote: list[int]):
@@ -373,9 +374,6 @@ def _split(model: ModelSpec, shape: WorkerShape, n_prefill: int, n_decode: int, 
     inflate: dict[int, float] = {}
     link_util = 0.0
     shares = paths.shares()
-    # Per (path mix, params), filled as asked: i -> path i's transfer coefficients,
-    # -1 - i -> its effective rate in bytes/s.
-    terms = _LINKS.get((paths, params), dict)
     for i, (share, link) in enumerate(shares):
         if share <= 0:
             continue
@@ -385,10 +383,8 @@ def _split(model: ModelSpec, shape: WorkerShape, n_prefill: int, n_decode: int, 
         inflate[i] = 1.0
         if link.kind in ("rdma", "tcp"):
             per_nic = remote_rate * share * nbytes_mean / max(paths.network_nodes, 1)
-            den = terms.get(-1 - i)
-            if den is None:
-                den = terms[-1 - i] = effective_gbs(link, params) * GB
-            link_util = per_nic / den
+            link_util = per_nic / _LINK_RATE.get((link, params),
+                                                 lambda lk=link: effective_gbs(lk, params) * GB)
             if link_util >= 1:
                 t_one = transfer_time_s(max(isl_pts) * kvb, link, params)
                 return _overloaded(name, n_prefill, n_decode, w,
@@ -410,10 +406,8 @@ def _split(model: ModelSpec, shape: WorkerShape, n_prefill: int, n_decode: int, 
     # coefficients per path, so eight quantile prompts cost eight multiply-adds.
     coef = {}
     for i in inflate:
-        lat_per = terms.get(i)
-        if lat_per is None:
-            lat_per = terms[i] = affine_transfer(shares[i][1], params)
-        lat, per_byte = lat_per
+        lk = shares[i][1]
+        lat, per_byte = _LINK_AFFINE.get((lk, params), lambda lk=lk: affine_transfer(lk, params))
         coef[i] = ((lat - per_byte) * inflate[i], per_byte * inflate[i])
 
     def xfer(nbytes: float, i: int) -> float:
