@@ -103,10 +103,12 @@ def _largest_remainder(total: int, sizes: dict, prefer: dict) -> dict:
     return quota
 
 
+_ROLE_RANK = {"prefill": 0, "both": 1, "decode": 2}
+
+
 def _pick_order(w: WorkerInput) -> tuple:
     # Already prefill first, then aggregated, then decode; fewer sequences in flight first.
-    rank = {"prefill": 0, "both": 1, "decode": 2}.get(w.role, 3)
-    return (rank, w.running + w.waiting, w.name, w.id)
+    return (_ROLE_RANK.get(w.role, 3), w.running + w.waiting, w.name, w.id)
 
 
 class Topology:
@@ -122,7 +124,7 @@ class Topology:
         self.nodes = sorted(by_node)
         self.node_size = {n: len(by_node[n]) for n in self.nodes}
         self.node_prefer = {
-            n: sum(1 for w in by_node[n] if w.role == "prefill") for n in self.nodes
+            n: sum([1 for w in by_node[n] if w.role == "prefill"]) for n in self.nodes
         }
         # Per node: [(group key, workers in pick order)], groups in a fixed order.
         self.groups: dict[str, list[tuple, list[WorkerInput]]] = {}
@@ -137,7 +139,7 @@ class Topology:
         self._group_sig = {
             n: (
                 tuple((g, len(ws)) for g, ws in self.groups[n]),
-                tuple(sum(1 for w in ws if w.role == "prefill") for _g, ws in self.groups[n]),
+                tuple([sum([1 for w in ws if w.role == "prefill"]) for _g, ws in self.groups[n]]),
             )
             for n in self.nodes
         }
@@ -147,7 +149,8 @@ class Topology:
         # Small integer ids for signatures and link sets: hashing them per candidate is cheap.
         sig_ids: dict[tuple, int] = {}
         self._sig_id = {n: sig_ids.setdefault(self._group_sig[n], len(sig_ids)) for n in self.nodes}
-        self.links = {n: self.node_links.get(n, NodeLinks()) for n in self.nodes}
+        given = self.node_links
+        self.links = {n: given[n] if n in given else NodeLinks() for n in self.nodes}
         link_ids: dict[NodeLinks, int] = {}
         self.link_id = {n: link_ids.setdefault(self.links[n], len(link_ids)) for n in self.nodes}
         self.distinct_links = list(link_ids)
@@ -160,8 +163,9 @@ class Topology:
         self._sizes = [self.node_size[n] for n in self.nodes]
         self._link_of = [self.link_id[n] for n in self.nodes]
         self._sig_of = [self._sig_id[n] for n in self.nodes]
-        tie = sorted(range(len(self.nodes)),
-                     key=lambda i: (-self.node_prefer.get(self.nodes[i], 0), str(self.nodes[i]), i))
+        pref = [-self.node_prefer.get(n, 0) for n in self.nodes]
+        names = [str(n) for n in self.nodes]
+        tie = sorted(range(len(self.nodes)), key=lambda i: (pref[i], names[i], i))
         self._tie_rank = [0] * len(self.nodes)
         for rank, i in enumerate(tie):
             self._tie_rank[i] = rank
