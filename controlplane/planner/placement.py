@@ -111,6 +111,11 @@ def _pick_order(w: WorkerInput) -> tuple:
     return (_ROLE_RANK.get(w.role, 3), w.running + w.waiting, w.name, w.id)
 
 
+# Path mixes by topology structure (see Topology.__init__), shared across instances.
+_SHARED_PATHS: dict[tuple, dict[int, PathMix]] = {}
+_SHARED_PATHS_MAX = 64
+
+
 class Topology:
     """A model's workers grouped by node and NVLink group, built once per planning cycle so
     that each P:D candidate costs only a walk over the groups."""
@@ -134,7 +139,6 @@ class Topology:
                 groups[w.nvlink_group].append(w)
             keys = sorted(groups, key=lambda x: (x is None, x if x is not None else 0))
             self.groups[n] = [(g, sorted(groups[g], key=_pick_order)) for g in keys]
-        self._paths: dict[int, PathMix] = {}
         # Per node, what the group split depends on; identical nodes share one cache entry.
         self._group_sig = {
             n: (
@@ -173,6 +177,19 @@ class Topology:
         self._by_size: dict[int, list[int]] = defaultdict(list)
         for i in tie:
             self._by_size[self._sizes[i]].append(i)
+        # Everything a path mix reads, in node order: topologies alike in it (the models of
+        # one fleet shape; one model from cycle to cycle) share their path mixes. Groups and
+        # links by repr, which tells 1 from True and 450 from 450.0 (equal keys, but one
+        # sorts apart in a tie-break, the other prints apart in a PathMix).
+        structure = (len(self.workers), tuple(self._sizes), tuple(self._tie_rank),
+                     tuple(self._link_of),
+                     repr([self._group_sig[n] for n in self.nodes]), repr(self.distinct_links))
+        shared = _SHARED_PATHS.get(structure)
+        if shared is None:
+            if len(_SHARED_PATHS) >= _SHARED_PATHS_MAX:
+                _SHARED_PATHS.clear()
+            shared = _SHARED_PATHS[structure] = {}
+        self._paths = shared
 
     def _group_quota(self, node: str, quota: int) -> dict:
         sig, prefer = self._group_sig[node]
