@@ -22,8 +22,8 @@ from .distributions import balanced_victims, length_points, local_share_points, 
 from .distributions import mixture_p95 as _mixture_p95
 from .distributions import wait_over as _wait_cdf_inv
 
-__all__ = ["DEFAULT_PARAMS", "dispatch_wait", "exposure", "p95_length", "points",
-           "prompt_points", "prompt_work", "tail_work", "with_bursts"]
+__all__ = ["DEFAULT_PARAMS", "IdMemo", "dispatch_wait", "exposure", "p95_length", "points",
+           "prompt_points", "prompt_work", "remote_service", "tail_work", "with_bursts"]
 
 
 def points(w: Workload) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -110,6 +110,18 @@ def _prompt_points(w: Workload, split: bool = True) -> tuple[
     return isl, tuple(x + osl / 2.0 for x in isl), shaped
 
 
+def remote_service(w: Workload, timing, params: CostParams, remote: list[int]):
+    """(prefill time of each quantile prompt ``remote`` names — those a split's prefill pool
+    takes —, their lengths, the times' mean and squared coefficient of variation)."""
+    isl_pts, _ctx, work = prompt_points(w)
+    services = [timing.prefill(*work[i], params.chunk_tokens) for i in remote]
+    isl_pts_r = [isl_pts[i] for i in remote]
+    mean_s = sum(services) / len(remote)
+    var_s = sum([(s - mean_s) ** 2 for s in services]) / len(remote)
+    cs2 = var_s / mean_s ** 2 if mean_s > 0 else 0.0
+    return services, isl_pts_r, mean_s, cs2
+
+
 def tail_work(w: Workload, p95_len: float) -> tuple[float, float]:
     """(uncached, cached) tokens of the p95 prompt (see :func:`prompt_work`)."""
     hit = _clamp(w.prefix_hit, 0.0, 1.0)
@@ -161,19 +173,19 @@ def dispatch_wait(w: Workload, mean_s: float, workers: int, cv2: float,
     def over(t: float) -> float:
         return a * over_alone(t) + (1.0 - a) * over_pooled(t)
 
-    # over() at many points in one pass (for mixture_p95): each wait_over term inline.
+    # over() at x − f for many f in one pass (for mixture_p95): each wait_over term inline.
     pa, ma, pp, mp = alone.p_wait, alone.mean_s, pooled.p_wait, pooled.mean_s
     dead_a, dead_p = pa <= 0 or ma <= 0, pp <= 0 or mp <= 0
     b = 1.0 - a
 
-    def many(ts: list[float]) -> list[float]:
-        return [a * (1.0 if t < 0 else 0.0 if dead_a else pa if t == 0
+    def at(x: float, fixed: list[float]) -> list[float]:
+        return [a * (1.0 if (t := x - f) < 0 else 0.0 if dead_a else pa if t == 0
                      else pa * exp(-t * pa / ma))
                 + b * (1.0 if t < 0 else 0.0 if dead_p else pp if t == 0
                        else pp * exp(-t * pp / mp))
-                for t in ts]
+                for f in fixed]
 
-    over.many = many
+    over.at = at
 
     bound = max(alone.p95_s, pooled.p95_s)
     return over, bound, _mixture_p95([0.0], over, bound) if bound > 0 else 0.0

@@ -114,8 +114,8 @@ def weighted_quantile(pairs: list[tuple[float, float]], q: float) -> float:
 def wait_over(p_wait: float, mean_w: float):
     """P(W > t) = p_wait × exp(−t p_wait / mean_w): the queue model's waiting tail.
 
-    The function carries ``many(ts)``: the same values for a list of t, in one call (what
-    :func:`mixture_p95`'s bisection asks for eight points at a time)."""
+    The function carries ``at(x, fixed)``: the same values at t = x − f for every f in
+    ``fixed``, in one call (what :func:`mixture_p95`'s bisection asks, step after step)."""
     dead = p_wait <= 0 or mean_w <= 0
     exp = math.exp
 
@@ -128,22 +128,22 @@ def wait_over(p_wait: float, mean_w: float):
             return p_wait
         return p_wait * exp(-t * p_wait / mean_w)
 
-    def many(ts: list[float]) -> list[float]:
+    def at(x: float, fixed: list[float]) -> list[float]:
         if dead:
-            return [1.0 if t < 0 else 0.0 for t in ts]
-        return [1.0 if t < 0 else p_wait if t == 0 else p_wait * exp(-t * p_wait / mean_w)
-                for t in ts]
+            return [1.0 if x - f < 0 else 0.0 for f in fixed]
+        return [1.0 if (t := x - f) < 0 else p_wait if t == 0
+                else p_wait * exp(-t * p_wait / mean_w) for f in fixed]
 
-    over.many = many
+    over.at = at
     return over
 
 
-def over_many(wait_over):
-    """``wait_over.many`` where it has one (:func:`wait_over`), else one call per t."""
-    many = getattr(wait_over, "many", None)
-    if many is not None:
-        return many
-    return lambda ts: [wait_over(t) for t in ts]
+def over_at(wait_over):
+    """``wait_over.at`` where it has one (:func:`wait_over`), else one call per point."""
+    at = getattr(wait_over, "at", None)
+    if at is not None:
+        return at
+    return lambda x, fixed: [wait_over(x - f) for f in fixed]
 
 
 def mixture_p95(fixed: list[float], wait_over, wait_p95: float = 0.0) -> float:
@@ -152,13 +152,13 @@ def mixture_p95(fixed: list[float], wait_over, wait_p95: float = 0.0) -> float:
     if math.isinf(wait_p95):
         return math.inf
     lo, hi = min(fixed), max(fixed) + wait_p95 + 1e-9
-    many = over_many(wait_over)
+    at = over_at(wait_over)
     n = len(fixed)
-    if sum(many([hi - f for f in fixed])) / n > 0.05:  # numerical safety
+    if sum(at(hi, fixed)) / n > 0.05:  # numerical safety
         return hi
     for _ in range(18):
         mid = (lo + hi) / 2
-        if sum(many([mid - f for f in fixed])) / n > 0.05:
+        if sum(at(mid, fixed)) / n > 0.05:
             lo = mid
         else:
             hi = mid

@@ -53,6 +53,7 @@ from .dispatch import (
     exposure,
     p95_length,
     prompt_points,
+    remote_service,
     tail_work,
 )
 from .distributions import (
@@ -67,6 +68,15 @@ from .distributions import weighted_quantile as _weighted_quantile
 from .horizon import horizon_of, with_bursts
 from .kvlinks import affine_transfer
 from .pools import decode_local
+
+# Per worker kind (model, shape, params) and by identity: KV capacity and bytes per token,
+# and the step model (Timing.of hashes every field of the model and the GPU on each call).
+_WORKER = IdMemo(64)
+_TIMING = IdMemo(64)
+
+
+def _worker(model: ModelSpec, shape: WorkerShape, params: CostParams) -> tuple[float, int]:
+    return (kv_capacity_tokens(model, shape.gpu, shape.tp, params), model.kv_bytes_per_token)
 
 
 def _preempt_risk(batch: float, ctx_pts: tuple[float, ...], cap_tokens: float,
@@ -142,7 +152,7 @@ def _aggregated(
     uncached part is longer are prefilled in the prefill pool (they only decode here), and
     the TTFT share is over the prompts prefilled here."""
     gpus = workers * shape.tp
-    cap_tokens = kv_capacity_tokens(model, shape.gpu, shape.tp, params)
+    cap_tokens, _kvb = _WORKER.get((model, shape, params), lambda: _worker(model, shape, params))
     cap_seqs = int(workers * (cap_tokens // max(w.context_full, 1.0)))
     name = "aggregated"
     if cap_tokens <= 0 or workers <= 0:
@@ -154,7 +164,7 @@ def _aggregated(
     # Prompts prefilled elsewhere do no prefill work here (their KV arrives whole).
     work = [(u, c) if h else (0.0, u + c) for (u, c), h in zip(work, here, strict=True)]
     share_here = sum(here) / POINTS
-    timing = Timing.of(model, shape.gpu, shape.tp)
+    timing = _TIMING.get((model, shape), lambda: Timing.of(model, shape.gpu, shape.tp))
     ctx = w.context_mean
     chunk = float(params.chunk_tokens)
     batch = 0.0
@@ -326,22 +336,11 @@ _LINK_RATE = IdMemo(64)
 _LINK_AFFINE = IdMemo(64)
 
 
-def _remote_service(w: Workload, timing: Timing, params: CostParams, remote: list[int]):
-    """(prefill time of each prompt the prefill pool takes, their lengths, mean, SCV)."""
-    isl_pts, _ctx, work = prompt_points(w)
-    services = [timing.prefill(*work[i], params.chunk_tokens) for i in remote]
-    isl_pts_r = [isl_pts[i] for i in remote]
-    mean_s = sum(services) / len(remote)
-    var_s = sum([(s - mean_s) ** 2 for s in services]) / len(remote)
-    cs2 = var_s / mean_s ** 2 if mean_s > 0 else 0.0
-    return services, isl_pts_r, mean_s, cs2
-
-
 def _split(model: ModelSpec, shape: WorkerShape, n_prefill: int, n_decode: int, w: Workload,
            paths: PathMix, params: CostParams) -> Prediction:
     name = layout_name(n_prefill, n_decode)
     gpus = (n_prefill + n_decode) * shape.tp
-    cap_tokens = kv_capacity_tokens(model, shape.gpu, shape.tp, params)
+    cap_tokens, kvb = _WORKER.get((model, shape, params), lambda: _worker(model, shape, params))
     cap_seqs = int(n_decode * (cap_tokens // max(w.context_full, 1.0)))
     if cap_tokens <= 0:
         return _overloaded(name, n_prefill, n_decode, w, math.inf, "weights do not fit", gpus,
@@ -350,7 +349,7 @@ def _split(model: ModelSpec, shape: WorkerShape, n_prefill: int, n_decode: int, 
         return _overloaded(name, n_prefill, n_decode, w, math.inf, "empty pool", gpus,
                            kv_capacity_seqs=cap_seqs)
     isl_pts, ctx_pts, work = prompt_points(w)
-    timing = Timing.of(model, shape.gpu, shape.tp)
+    timing = _TIMING.get((model, shape), lambda: Timing.of(model, shape.gpu, shape.tp))
     # Conditional P/D: short uncached prompts are prefilled by their decode worker, in its
     # decode steps (gateway.router "pd_local_prefill"), so that pool is aggregated for them.
     lim = w.local_prefill_max_tokens
@@ -363,11 +362,10 @@ def _split(model: ModelSpec, shape: WorkerShape, n_prefill: int, n_decode: int, 
         if not remote or local.overloaded:
             return decode_local(local, name, n_prefill, n_decode, gpus, local_share)
     services, isl_pts_r, mean_s, cs2 = _REMOTE.get(
-        (w, timing, params), lambda: _remote_service(w, timing, params, remote))
+        (w, timing, params), lambda: remote_service(w, timing, params, remote))
     remote_rate = w.rate_rps * (1.0 - local_share)
     wait = mgc_wait(remote_rate, mean_s, n_prefill, cs2, w.arrival_cv2)
     hw = horizon_of(w, remote_rate, mean_s, n_prefill, cs2)  # None: the steady state
-    kvb = model.kv_bytes_per_token
     nbytes_mean = w.isl_mean * kvb
     # Transfer per quantile prompt: the share-weighted path time, and for the tail the
     # slowest path carrying ≥ 5 % of transfers; NIC paths queue (M/M/1 inflation).
