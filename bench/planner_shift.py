@@ -182,9 +182,10 @@ def policy_for(slo: dict, n: int) -> EffectivePolicy:
 
 class ProductLoop:
     def __init__(self, cluster: dict, engines, slo: dict, phases, model=MODEL, policy=None,
-                 smooth: bool = True, local_share: bool = False):
+                 smooth: bool = True, local_share: bool = False, prompt_spread: bool = True):
         self.cluster = cluster
         self.local_share = local_share
+        self.prompt_spread = prompt_spread
         self.model = model
         self.workers, self.links = planner_topology(cluster, engines)
         self.index = {w.name: w for w in self.workers}
@@ -250,6 +251,22 @@ class ProductLoop:
             })
         return out
 
+    def with_prompt_spread(self, load: LoadInput, window_isl: float) -> LoadInput:
+        """Prompt p50 and p95 as the live path gives them (controlplane.telemetry.histograms
+        .fleet_stats: the decode side's merged vllm:request_prompt_tokens histogram, vLLM's
+        1-2-5 buckets, over the window the rate comes from). With the bench's smoother on, the
+        window's spread is kept around the smoothed mean (both quantiles scaled by smoothed ÷
+        window mean), so that mean, p50 and p95 describe one distribution."""
+        if not self.prompts_done:
+            return load
+        le = build_1_2_5_buckets(self.model.max_model_len or 1_000_000)
+        hist = Histogram.from_values(self.prompts_done, le)
+        p50, p95 = hist.quantile(0.5), hist.quantile(0.95)
+        if p50 is None or p95 is None or p50 <= 0 or window_isl <= 0:
+            return load
+        k = load.isl_mean / window_isl if self.smoothing else 1.0
+        return replace(load, isl_p50=p50 * k, isl_p95=p95 * k)
+
     def with_local_prefill(self, load: LoadInput) -> LoadInput:
         """As the live path without Prometheus (controlplane.planner.inputs
         ._with_local_prefill): the share of requests conditional P/D prefills on their
@@ -296,6 +313,8 @@ class ProductLoop:
         ttft_ms, itl_ms = self.fleet_p95(snap)
         load = LoadInput(sm.rate_rps, max(dl.peak_rps, sm.rate_rps), sm.isl_mean, None,
                          sm.osl_mean, sm.prefix_hit, dl.inflight, dl.inflight, ttft_ms, itl_ms)
+        if self.prompt_spread:
+            load = self.with_prompt_spread(load, dl.isl_mean)
         load = self.with_local_prefill(load)
         if not self.smoothing:
             load, _ = carry_mix(load, asdict(self.last_load) if self.last_load else None)
@@ -383,13 +402,15 @@ def run_one(args):
     cname, wname, p, phase_s, cycles, interval, scale, *rest = args
     smooth = rest[0] if rest else True
     local_share = rest[1] if len(rest) > 1 else False
+    prompt_spread = rest[2] if len(rest) > 2 else True
     DEMO_SCALE["value"] = scale
     cluster = CLUSTERS[cname]
     wl, phases, slo = build_workload(cluster, wname, phase_s, cycles)
     roles = static_roles(cluster, p) if p is not None else None
     engines = sim_engines(cluster, roles)
     loop = ProductLoop(cluster, engines, slo, phases, smooth=smooth,
-                       local_share=local_share) if p is None else None
+                       local_share=local_share,
+                       prompt_spread=prompt_spread) if p is None else None
     deadline = 2.0 * slo["ttft_ms"] / 1000.0
     fleet = VirtualFleet(engines, sim_links(cluster), controller=loop,
                          control_interval_s=interval, queue_deadline_s=deadline)
@@ -497,6 +518,10 @@ def main() -> None:
                     help="give the planner the measured local-prefill share (the live "
                          "path's PLANNER_LOCAL_PREFILL_SHARE; off by default, see "
                          "docs/benchmarks.md)")
+    ap.add_argument("--no-prompt-spread", action="store_true",
+                    help="give the planner the mean prompt only (no p50/p95 from the "
+                         "finished prompts' histogram), as the bench did before the "
+                         "twelfth pass")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", default="")
     args = ap.parse_args()
@@ -512,7 +537,7 @@ def main() -> None:
             stride = 2
         for w in names:
             jobs.append((c, w, None, phase, cycles, args.interval, args.demo_scale,
-                         not args.live_load, args.local_share))
+                         not args.live_load, args.local_share, not args.no_prompt_spread))
             jobs.extend((c, w, p, phase, cycles, args.interval, args.demo_scale)
                         for p in range(0, n, stride))
     started = time.perf_counter()

@@ -73,6 +73,14 @@ def hold_and_target_scores(inp: ModelInput, target_p: int):
     return hold, target
 
 
+def goodput_now(inp: ModelInput, target_p: int) -> tuple[float, float]:
+    """Goodput at the load now of the layout as it is and of the clean target layout."""
+    w_now = workload_for(inp.load, inp.policy, inp.load.rate_rps)
+    topo = Topology(list(inp.workers), inp.node_links)
+    hold = predict_layout(inp, layout_state(inp.workers), w_now, topo)
+    return hold.goodput_rps, predict(inp, target_p, w_now, topo).goodput_rps
+
+
 roles_st = st.lists(st.sampled_from(["both", "both", "prefill", "decode"]), min_size=8,
                     max_size=8)
 load_st = st.builds(
@@ -114,6 +122,16 @@ def test_when_every_layout_is_predicted_to_miss_the_planner_holds_and_alerts(rol
         if d.reason in ("policy-bound", "complete-layout"):
             # Forced: a layout outside the policy's bounds (or half-labelled) is not held,
             # even when every layout misses — the step is the bound's, and it alerts.
+            return
+        if d.action == "change" and d.reason in MOVING:
+            # Not a shuffle: a move among layouts that all miss goes ahead only toward one
+            # predicted to serve clearly more than holding, at the load now (recomputed here
+            # from the cost model), and the record says that every layout misses.
+            hold_now, target_now = goodput_now(inp, d.target.n_prefill)
+            h = inp.policy.hysteresis
+            assert target_now > hold_now * (1 + h) and target_now - hold_now > 0.005 * \
+                load.rate_rps, (target_now, hold_now, d.explanation)
+            assert "no layout is predicted to keep 90%" in d.explanation, d.explanation
             return
         assert d.action == "hold" and d.reason == "all-layouts-miss", d.explanation
         assert not d.changes
