@@ -105,13 +105,17 @@ def gate(inp: ModelInput, obs: Observation, cv: CandidateVerdict, ch: ChoiceVerd
     if ch.all_miss:
         # Every layout misses the policy's attainment. Moving among layouts that all serve
         # next to nothing only shuffles workers (the "0.00 → 0.00 req/s" plans): hold. But
-        # a layout predicted to serve clearly more than holding (by the hysteresis, at the
-        # load now) is no shuffle: the Mooncake trace's long prompts keep every layout
-        # under 90 % within a 5 s TTFT even at low load (87 % at best), and holding there
-        # kept aggregated through a 4× surge at 6 % of what 6P:2D serves. Such a move is
-        # judged as any other (dwell, price), and the alert still fires.
+        # a layout predicted to serve clearly more than holding at the load now is no
+        # shuffle: the Mooncake trace's long prompts keep every layout under 90 % within a
+        # 5 s TTFT even at low load (87 % at best), and holding there kept aggregated through
+        # a 4× surge at 6 % of what 6P:2D serves. "Clearly" is in share points of the
+        # load, by the hysteresis — a 0 % → 1 % step past saturation (0.00 → 0.02 req/s)
+        # is still a shuffle. Such a move is judged as any other (dwell, price), and the
+        # alert still fires.
         best_now = preds(ch.best_prefill)[0]
-        if not (obs.rate_rps > 0 and _gains(best_now, cv.hold_now, obs.rate_rps, h)):
+        rate = obs.rate_rps
+        if not (rate > 0 and _gains(best_now, cv.hold_now, rate, h)
+                and best_now.goodput_rps - cv.hold_now.goodput_rps > h * rate):
             return GateVerdict(
                 "hold", "all-layouts-miss",
                 detail=f"no layout is predicted to keep {pol.attainment:.0%} of requests "
