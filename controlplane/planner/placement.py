@@ -72,6 +72,23 @@ class Placement:
         return [(w, self.roles[w.id]) for w in workers if self.roles.get(w.id, w.role) != w.role]
 
 
+def _hand_out(quota, sizes, order, left: int):
+    """Give the ``left`` units one at a time in ``order``, round after round, to the keys
+    still under their size (``quota`` is updated in place and returned)."""
+    while left > 0:
+        progressed = False
+        for k in order:
+            if left == 0:
+                break
+            if quota[k] < sizes[k]:
+                quota[k] += 1
+                left -= 1
+                progressed = True
+        if not progressed:
+            break
+    return quota
+
+
 def _largest_remainder(total: int, sizes: dict, prefer: dict) -> dict:
     """Split ``total`` over keys in proportion to ``sizes`` (never above a key's size);
     remainders go first to keys with the larger ``prefer`` score, then by key."""
@@ -89,18 +106,7 @@ def _largest_remainder(total: int, sizes: dict, prefer: dict) -> dict:
     order = [k for *_r, k in sorted(
         [(-(v - int(v)), -get(k, 0), str(k), i, k) for i, (k, v) in enumerate(exact.items())]
     )]
-    while left > 0:
-        progressed = False
-        for k in order:
-            if left == 0:
-                break
-            if quota[k] < sizes[k]:
-                quota[k] += 1
-                left -= 1
-                progressed = True
-        if not progressed:
-            break
-    return quota
+    return _hand_out(quota, sizes, order, left)
 
 
 _ROLE_RANK = {"prefill": 0, "both": 1, "decode": 2}
@@ -246,18 +252,7 @@ class Topology:
             else:
                 order.extend(sorted([i for s in group for i in self._by_size[s]],
                                     key=tie.__getitem__))
-        while left > 0:
-            progressed = False
-            for i in order:
-                if left == 0:
-                    break
-                if quota[i] < sizes[i]:
-                    quota[i] += 1
-                    left -= 1
-                    progressed = True
-            if not progressed:
-                break
-        return quota
+        return _hand_out(quota, sizes, order, left)
 
     def _path_counts(self, n_prefill: int) -> PathMix:
         n_p, n_d = n_prefill, len(self.workers) - n_prefill
