@@ -110,12 +110,18 @@ def gate(inp: ModelInput, obs: Observation, cv: CandidateVerdict, ch: ChoiceVerd
         # 5 s TTFT even at low load (87 % at best), and holding there kept aggregated through
         # a 4× surge at 6 % of what 6P:2D serves. "Clearly" is in share points of the
         # load, by the hysteresis — a 0 % → 1 % step past saturation (0.00 → 0.02 req/s)
-        # is still a shuffle. Such a move is judged as any other (dwell, price), and the
-        # alert still fires.
-        best_now = preds(ch.best_prefill)[0]
+        # is still a shuffle. Nor may it lose at the planned load: with every layout past
+        # the targets the model is at its least sure (a backlog it has not seen yet), and a
+        # move that swaps one overload for another — on four H200 servers at 4× Mooncake,
+        # aggregated → 21P:11D, predicted 68 % vs 37 % now but 0 % vs 27 % at the planned
+        # load — drained 21 workers where the simulator's static layouts differ by ~5 % in that
+        # phase. Such a move is
+        # judged as any other (dwell, price), and the alert still fires.
+        best_now, best_plan = preds(ch.best_prefill)
         rate = obs.rate_rps
         if not (rate > 0 and _gains(best_now, cv.hold_now, rate, h)
-                and best_now.goodput_rps - cv.hold_now.goodput_rps > h * rate):
+                and best_now.goodput_rps - cv.hold_now.goodput_rps > h * rate
+                and best_plan.goodput_rps >= cv.hold_plan.goodput_rps):
             return GateVerdict(
                 "hold", "all-layouts-miss",
                 detail=f"no layout is predicted to keep {pol.attainment:.0%} of requests "

@@ -73,12 +73,12 @@ def hold_and_target_scores(inp: ModelInput, target_p: int):
     return hold, target
 
 
-def goodput_now(inp: ModelInput, target_p: int) -> tuple[float, float]:
-    """Goodput at the load now of the layout as it is and of the clean target layout."""
-    w_now = workload_for(inp.load, inp.policy, inp.load.rate_rps)
+def goodputs(inp: ModelInput, target_p: int, rate: float) -> tuple[float, float]:
+    """Goodput at ``rate`` of the layout as it is and of the clean target layout."""
+    w = workload_for(inp.load, inp.policy, rate)
     topo = Topology(list(inp.workers), inp.node_links)
-    hold = predict_layout(inp, layout_state(inp.workers), w_now, topo)
-    return hold.goodput_rps, predict(inp, target_p, w_now, topo).goodput_rps
+    hold = predict_layout(inp, layout_state(inp.workers), w, topo)
+    return hold.goodput_rps, predict(inp, target_p, w, topo).goodput_rps
 
 
 roles_st = st.lists(st.sampled_from(["both", "both", "prefill", "decode"]), min_size=8,
@@ -126,12 +126,16 @@ def test_when_every_layout_is_predicted_to_miss_the_planner_holds_and_alerts(rol
         if d.action == "change" and d.reason in MOVING:
             # Not a shuffle: a move among layouts that all miss goes ahead only toward one
             # predicted to serve clearly more than holding at the load now — by the
-            # hysteresis, relative and in share points of the load (recomputed here from the
-            # cost model) — and the record says that every layout misses.
-            hold_now, target_now = goodput_now(inp, d.target.n_prefill)
+            # hysteresis, relative and in share points of the load — and no less at the
+            # planned load (recomputed here from the cost model); the record says that
+            # every layout misses.
+            hold_now, target_now = goodputs(inp, d.target.n_prefill, load.rate_rps)
+            plan_rate = max(load.rate_rps, load.peak_rps) * (1 + DEFAULT_SETTINGS.growth_margin)
+            hold_plan, target_plan = goodputs(inp, d.target.n_prefill, plan_rate)
             h = inp.policy.hysteresis
             assert target_now > hold_now * (1 + h) and target_now - hold_now > h * \
                 load.rate_rps, (target_now, hold_now, d.explanation)
+            assert target_plan >= hold_plan - 1e-9, (target_plan, hold_plan, d.explanation)
             assert "no layout is predicted to keep 90%" in d.explanation, d.explanation
             return
         assert d.action == "hold" and d.reason == "all-layouts-miss", d.explanation
