@@ -283,7 +283,12 @@ def gate(inp: ModelInput, obs: Observation, cv: CandidateVerdict, ch: ChoiceVerd
     def or_surge(keep: GateVerdict, p: int) -> tuple[GateVerdict, int]:
         # Keeping a layout that serves the load: unless another takes a surge of this mix
         # it could not, and the load is low enough for the move to be cheap (surge.py).
-        if move is not None or breach:
+        # Not in the first window after a load shift: it reads a mix of the old load and
+        # the new, and a surge move is a guess that can wait a window (the live demo made
+        # two there — quiet → chat and chat → RAG — and undid each in the next phase). The
+        # planner's first regime is no shift: its load was there before the planner looked.
+        if move is not None or breach or (
+                regime is not None and regime.cycles <= 1 and not regime.censored):
             return keep, p
         found = surge_move(inp, obs, cv, settings, topo, now, moved,
                            past_loads(regime, inp.load, margin))

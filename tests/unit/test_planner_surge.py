@@ -226,3 +226,23 @@ def test_a_load_already_seen_is_served_as_the_planner_would_plan_for_it():
         w = workload_for(found, inp.policy, _plan_rate(found))
         assert round(share(predict(inp, q, w, topo)), 2) >= round(
             share(predict(inp, 0, w, topo)), 2)
+
+
+def test_no_surge_move_in_the_first_window_after_a_load_shift():
+    """That window reads a mix of the old load and the new; the planner's first regime (its
+    load there before the planner looked) is no shift. (``inp.regime`` is the regime before
+    this cycle; the planner tracks this cycle's load into it.)"""
+    workers, links = fleet(4, 8)
+    load = LoadInput(10, 10, 4000, None, 300, 0.3, inflight=50)
+    inp = make_input(workers, links, load)
+    ref = (10.0, 4000.0, 300.0, 0.3, 0.0, 0.0)
+    lighter = (3.0, 600.0, 150.0, 0.5, 0.0, 0.0)
+    before_shift = Regime(150.0, 270.0, lighter, 4)
+    d = plan_model(replace(inp, regime=before_shift), 300.0)
+    assert d.record.regime.cycles == 1 and not d.record.regime.censored
+    assert d.reason != "surge-headroom" and d.action == "keep", d.explanation
+    settled = Regime(240.0, 270.0, ref, 1, ((120.0, *lighter),))
+    d = plan_model(replace(inp, regime=settled), 300.0)
+    assert d.record.regime.cycles == 2 and d.reason == "surge-headroom"
+    d = plan_model(replace(inp, regime=None), 300.0)
+    assert d.record.regime.censored and d.reason == "surge-headroom"
