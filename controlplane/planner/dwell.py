@@ -185,6 +185,17 @@ def track_regime(prev: Regime | None, load: LoadInput, now: float, margin: float
     return Regime(prev.last_seen, now, ref, 1, history)
 
 
+def load_settled(prev: Regime | None, regime: Regime) -> bool:
+    """Whether this cycle's load continued the regime before it (``prev``; ``regime`` is
+    :func:`track_regime`'s answer): same start and the same reference load — not a new
+    regime, nor one whose reference was re-keyed because the change was still arriving. Both
+    of those read windows that mix the old load and the new. The planner's first look (no
+    regime known) counts as settled: that load was there before it looked."""
+    if prev is None:
+        return True
+    return regime.started_at == prev.started_at and tuple(regime.load) == tuple(prev.load)
+
+
 def expected_dwell(regime: Regime, now: float, period: float) -> tuple[float, float, str]:
     """(age, expected remaining seconds, how it was estimated) — see the module docstring.
     A past regime that lasted d was last seen at age d and ended within the next cycle

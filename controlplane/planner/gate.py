@@ -15,6 +15,7 @@ from .dwell import (
     explained_breach,
     extends_move,
     extends_regime,
+    load_settled,
     load_shift,
     measured_breach,
     next_mix,
@@ -283,12 +284,11 @@ def gate(inp: ModelInput, obs: Observation, cv: CandidateVerdict, ch: ChoiceVerd
     def or_surge(keep: GateVerdict, p: int) -> tuple[GateVerdict, int]:
         # Keeping a layout that serves the load: unless another takes a surge of this mix
         # it could not, and the load is low enough for the move to be cheap (surge.py).
-        # Not in the first window after a load shift: it reads a mix of the old load and
-        # the new, and a surge move is a guess that can wait a window (the live demo made
-        # two there — quiet → chat and chat → RAG — and undid each in the next phase). The
-        # planner's first regime is no shift: its load was there before the planner looked.
-        if move is not None or breach or (
-                regime is not None and regime.cycles <= 1 and not regime.censored):
+        # Only on a settled load (dwell.load_settled): the windows of a shift read a mix of
+        # the old load and the new, and a surge move is a guess that can wait (the live demo
+        # made three there — quiet → chat, chat → RAG — each undone in the next phase).
+        if move is not None or breach or (regime is not None
+                                          and not load_settled(inp.regime, regime)):
             return keep, p
         found = surge_move(inp, obs, cv, settings, topo, now, moved,
                            past_loads(regime, inp.load, margin))

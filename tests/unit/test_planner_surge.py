@@ -228,9 +228,10 @@ def test_a_load_already_seen_is_served_as_the_planner_would_plan_for_it():
             share(predict(inp, 0, w, topo)), 2)
 
 
-def test_no_surge_move_in_the_first_window_after_a_load_shift():
-    """That window reads a mix of the old load and the new; the planner's first regime (its
-    load there before the planner looked) is no shift. (``inp.regime`` is the regime before
+def test_no_surge_move_while_a_load_shift_is_arriving():
+    """Nor in the window after, while the change is still arriving: both read a mix of the
+    old load and the new. The planner's first regime (its load there before the planner
+    looked) is no shift. (``inp.regime`` is the regime before
     this cycle; the planner tracks this cycle's load into it.)"""
     workers, links = fleet(4, 8)
     load = LoadInput(10, 10, 4000, None, 300, 0.3, inflight=50)
@@ -246,3 +247,9 @@ def test_no_surge_move_in_the_first_window_after_a_load_shift():
     assert d.record.regime.cycles == 2 and d.reason == "surge-headroom"
     d = plan_model(replace(inp, regime=None), 300.0)
     assert d.record.regime.censored and d.reason == "surge-headroom"
+    # A regime one window old whose load shifts again: the change still arriving (its
+    # reference re-keyed to this window's load, two windows counted) — still a mix.
+    arriving = Regime(270.0, 270.0, (6.0, 2000.0, 200.0, 0.4, 0.0, 0.0), 1, ((120.0, *lighter),))
+    d = plan_model(replace(inp, regime=arriving), 300.0)
+    assert d.record.regime.cycles == 2 and d.record.regime.started_at == 270.0
+    assert d.reason != "surge-headroom", d.explanation
