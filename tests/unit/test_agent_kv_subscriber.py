@@ -115,7 +115,11 @@ def test_gaps_are_replayed_and_a_dropped_tail_is_recovered(pub):
             pub.publish(events, drop=i in (3, 7, 9), fmt=fmt)
         assert wait_for(lambda: sub.last_seq == 9), sub.stats()
         stats = sub.stats()
-        assert stats["gaps"] >= 3 and stats["lost"] == 0 and stats["replayed"] >= 3
+        # Three batches were dropped, but one replay may recover several: a replay asked at
+        # the first gap (seq 3) returns all that is published by then, often 7 and 9 too, and
+        # those gaps are never seen (CI, a loaded box: gaps 2). What must hold: nothing lost,
+        # every dropped batch came back by replay.
+        assert stats["gaps"] >= 1 and stats["lost"] == 0 and stats["replayed"] >= 3
         assert stats["blocks"] == 18  # 20 stored, 2 removed
     finally:
         sub.stop()
