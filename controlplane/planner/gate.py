@@ -107,17 +107,17 @@ def gate(inp: ModelInput, obs: Observation, cv: CandidateVerdict, ch: ChoiceVerd
         # Every layout misses the policy's attainment. Moving among layouts that all serve
         # next to nothing only shuffles workers (the "0.00 → 0.00 req/s" plans): hold. But
         # a layout predicted to serve clearly more than holding at the load now is no
-        # shuffle: the Mooncake trace's long prompts keep every layout under 90 % within a
-        # 5 s TTFT even at low load (87 % at best), and holding there kept aggregated through
-        # a 4× surge at 6 % of what 6P:2D serves. "Clearly" is in share points of the
-        # load, by the hysteresis — a 0 % → 1 % step past saturation (0.00 → 0.02 req/s)
-        # is still a shuffle. Nor may it lose at the planned load: with every layout past
-        # the targets the model is at its least sure (a backlog it has not seen yet), and a
-        # move that swaps one overload for another — on four H200 servers at 4× Mooncake,
-        # aggregated → 21P:11D, predicted 68 % vs 37 % now but 0 % vs 27 % at the planned
-        # load — drained 21 workers where the simulator's static layouts differ by ~5 % in that
-        # phase. Such a move is
-        # judged as any other (dwell, price), and the alert still fires.
+        # shuffle: the Mooncake trace's long prompts keep every RTX layout under 90 % within
+        # a 5 s TTFT even at low load (87 % at best), and holding there kept aggregated
+        # through a 4× surge (0.45 of the best static layout over the run). "Clearly" is in
+        # share points of the load too, by the hysteresis: a 0 % → 1 % step past
+        # saturation (0.00 → 0.02 req/s) is still a shuffle. Nor may the move lose at the
+        # planned load: past every target the model is at its least sure (a backlog it has
+        # not seen yet), and a move that swaps one overload for another — four H200 servers
+        # at 4× Mooncake, aggregated → 21P:11D, predicted 68 % vs 37 % now but 0 % vs 27 %
+        # at the planned load — drained 21 workers where the simulator's static layouts
+        # differ by ~5 % in that phase. Such a move is judged as any other (dwell, price),
+        # and the alert still fires.
         best_now, best_plan = preds(ch.best_prefill)
         rate = obs.rate_rps
         if not (rate > 0 and _gains(best_now, cv.hold_now, rate, h)
