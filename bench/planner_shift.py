@@ -108,6 +108,7 @@ class ProductLoop:
         self.local_share = local_share
         self.prompt_spread = prompt_spread
         self.model = model
+        self.prompt_le = build_1_2_5_buckets(model.max_model_len or 1_000_000)
         self.workers, self.links = planner_topology(cluster, engines)
         self.index = {w.name: w for w in self.workers}
         self.policy = policy or policy_for(slo, len(self.workers))
@@ -130,6 +131,7 @@ class ProductLoop:
         # The interval's finished requests' prompt lengths, each once (where it decoded):
         # what the engines' merged vllm:request_prompt_tokens histogram holds.
         self.prompts_done: list[int] = []
+        self.prompt_hist = Histogram.from_values([], self.prompt_le)
 
     def phase_at(self, now: float) -> str:
         return next((p for p, a, b in self.phases if a <= now < b), self.phases[-1][0])
@@ -152,6 +154,9 @@ class ProductLoop:
                 acc[1] += r.output_tokens
         self.prompts_done = [r.prompt_tokens for r in snap.recent_results
                              if r.error is None and r.decode_engine]
+        # The interval's vllm:request_prompt_tokens histogram, as the engines would export
+        # it: read by the prompt spread and the local-prefill share.
+        self.prompt_hist = Histogram.from_values(self.prompts_done, self.prompt_le)
         out = []
         for e in snap.engines:
             s = e.stats
@@ -180,9 +185,7 @@ class ProductLoop:
         window mean), so that mean, p50 and p95 describe one distribution."""
         if not self.prompts_done:
             return load
-        le = build_1_2_5_buckets(self.model.max_model_len or 1_000_000)
-        hist = Histogram.from_values(self.prompts_done, le)
-        p50, p95 = hist.quantile(0.5), hist.quantile(0.95)
+        p50, p95 = self.prompt_hist.quantile(0.5), self.prompt_hist.quantile(0.95)
         if p50 is None or p95 is None or p50 <= 0 or window_isl <= 0:
             return load
         k = load.isl_mean / window_isl if self.smoothing else 1.0
@@ -196,9 +199,7 @@ class ProductLoop:
         limit = self.policy.local_prefill_max_tokens
         if limit <= 0 or not self.local_share:
             return load
-        le = build_1_2_5_buckets(self.model.max_model_len or 1_000_000)
-        share = local_prefill_share(Histogram.from_values(self.prompts_done, le),
-                                    load.prefix_hit, float(limit))
+        share = local_prefill_share(self.prompt_hist, load.prefix_hit, float(limit))
         if share is None:
             return load
         return replace(load, local_prefill_share=share,

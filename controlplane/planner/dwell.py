@@ -193,7 +193,7 @@ def load_settled(prev: Regime | None, regime: Regime) -> bool:
     regime known) counts as settled: that load was there before it looked."""
     if prev is None:
         return True
-    return regime.started_at == prev.started_at and tuple(regime.load) == tuple(prev.load)
+    return regime.started_at == prev.started_at and regime.load == prev.load
 
 
 def expected_dwell(regime: Regime, now: float, period: float) -> tuple[float, float, str]:

@@ -202,10 +202,16 @@ def _search(inp: ModelInput, w: Workload, settings: PlannerSettings, cur_p: int,
 # --- Step 1: observe ----------------------------------------------------------------------
 
 
+def planned_rate(load: LoadInput, growth_margin: float) -> float:
+    """The rate the planner plans for: the recent peak (or the rate, if higher) × (1 +
+    ``growth_margin``)."""
+    return max(load.rate_rps, load.peak_rps, 0.0) * (1.0 + growth_margin)
+
+
 def observe(inp: ModelInput, now: float, settings: PlannerSettings) -> Observation:
     load, pol = inp.load, inp.policy
     st = layout_state(inp.workers)
-    plan_rate = max(load.rate_rps, load.peak_rps, 0.0) * (1.0 + settings.growth_margin)
+    plan_rate = planned_rate(load, settings.growth_margin)
     mem = inp.memory
     move = None
     if mem is not None:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from .placement import Topology
 from .record import CandidateVerdict, MoveMemory, Observation
-from .steps import _meets, predict, share, workload_for
+from .steps import _meets, planned_rate, predict, share, workload_for
 
 if TYPE_CHECKING:  # pragma: no cover
     from .plantypes import LoadInput, ModelInput, PlannerSettings
@@ -82,7 +82,7 @@ def _serves_seen(inp: ModelInput, p: int, cur_p: int, seen: list[LoadInput],
     margin, the replayed cycle keeps 9P:3D."""
     pol = inp.policy
     for ld in seen:
-        for rate in (ld.rate_rps, max(ld.rate_rps, ld.peak_rps) * (1.0 + growth)):
+        for rate in (ld.rate_rps, planned_rate(ld, growth)):
             w = workload_for(ld, pol, rate)
             there, here = predict(inp, p, w, topo), predict(inp, cur_p, w, topo)
             if round(share(there), 2) < round(share(here), 2):
