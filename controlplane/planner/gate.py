@@ -242,13 +242,19 @@ def gate(inp: ModelInput, obs: Observation, cv: CandidateVerdict, ch: ChoiceVerd
             g_plan = False  # headroom alone does not carry a move further either
         if not_worse and (g_now or g_plan):
             done = "under way" if move is not None else "done"
-            return priced(GateVerdict(
+            gv, p = priced(GateVerdict(
                 "go", "continue-move", move_verdict="extend",
                 detail=f"{mem.origin_layout} → {mem.target_layout} ({done}, decided "
                        f"{now - mem.decided_at:,.0f} s ago in this load regime: the load "
                        f"moved {shift:.0%} since, within the {margin:.0%} margin) goes on to "
                        f"{ch.best_layout}, the best for this load: one move, not a second",
                 gain_now=g_now, gain_plan=g_plan, target_score=score(target), **base), target)
+            # An extension that does not pay leaves the move under way to be finished as
+            # decided (next rule), not frozen half-done: the demo's first RAG phase held
+            # "2P + 2D + 4 both" — 35 % predicted within targets, 4P:4D 100 % — for two
+            # windows because 5P:3D past it did not pay its drain (issue 17).
+            if gv.verdict == "go" or move is None:
+                return gv, p
     if move is not None and (ch.best_prefill == move.target_prefill or not moved):
         # A move under way, load as when it was decided: finish it unless its target is now
         # predicted worse than staying put; then hold (rolling back within the dwell window

@@ -85,3 +85,44 @@ def test_the_demo_move_goes_on_to_its_target_at_the_same_load():
         assert gv.price is None and "not re-priced" in d.explanation
     else:  # 7P:1D predicted worse than the layout as it is: held, with the reason
         assert gv.reason in ("move-held", "current-is-best"), d.explanation
+
+
+def test_an_extension_that_does_not_pay_leaves_the_move_to_finish():
+    """The demo's first RAG phase on two RTX PRO 6000 servers (bench/planner_shift.py, 300 s
+    phases, 20 s cycles; the state as it was at t = 380 s): a move aggregated → 4P:4D
+    decided 20 s ago, half done (2P + 2D + 4 both), in the RAG regime that followed five
+    minutes of chat. 5P:3D is now the best for RAG alone, past the move's target, but does
+    not pay its drain: it serves chat far worse, and chat is what the past held. That
+    extension not paying must not freeze the move half-done (predicted ~35 % within
+    targets, 4P:4D ~100 %): the move goes on to its own target."""
+    from controlplane.planner.costmodel import Link, WorkerShape, gpu_profile_for
+    from controlplane.planner.placement import NicInput, NodeLinks, WorkerInput
+    from controlplane.planner.plantypes import ModelInput
+    from controlplane.planner.record import MoveMemory
+    from controlplane.policies.effective import EffectivePolicy
+    from tests.unit.test_planner_invariants import L70
+
+    roles = ["decode", "prefill", "decode", "prefill", "both", "both", "both", "both"]
+    workers = tuple(
+        WorkerInput(i, f"e{i}", f"node-{i // 4}", None, role=r,
+                    state="draining" if r == "prefill" else "active",
+                    changed_at=360.0 if i < 4 else None, running=20, waiting=0, kv_usage=0.1)
+        for i, r in enumerate(roles))
+    links = {f"node-{n}": NodeLinks(Link.pcie(5, 16), None, (NicInput("fabric", 100, False),))
+             for n in range(2)}
+    load = LoadInput(7.45, 8.2, 3063.0, 6769.0, 232.0, 0.27, inflight=115, inflight_peak=115,
+                     measured_ttft_p95_ms=1508.0, measured_itl_p95_ms=39.4, isl_p50=4885.0)
+    pol = EffectivePolicy(ttft_p95_ms=2500, itl_p95_ms=50, cooldown_s=120,
+                          max_changes_per_cycle=2, hysteresis=0.1)
+    mem = MoveMemory(0, 4, "aggregated", "4P:4D", 360.0, 6.7, 3932.0, 300.0, 2, 2,
+                     reason="better-layout")
+    regime = Regime(320.0, 360.0, (6.6, 3864.0, 300.0, 0.295, 3429.0, 4843.0), 2,
+                    history=((-300.0, 10.55, 1000.0, 300.0, 0.49, 750.0, 975.0),))
+    inp = ModelInput(1, L70, WorkerShape(gpu_profile_for("RTX PRO 6000"), 2), workers, load,
+                     pol, links, memory=mem, regime=regime)
+    d = plan_model(inp, 380.0)
+    assert d.reason != "move-does-not-pay", d.explanation
+    assert d.action == "change" and d.reason == "continue-move", d.explanation
+    assert d.target.n_prefill >= 4, d.explanation
+    hold, tscore = hold_and_target_scores(inp, d.target.n_prefill)
+    assert tscore >= hold, d.explanation
