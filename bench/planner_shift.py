@@ -31,7 +31,11 @@ Per workload: ``goodput_vs_best_static`` (whole run), ``worst_phase_vs_best_stat
 (min over phases of the planner's goodput in the phase ÷ the best static layout's in that
 phase), ``flaps`` (A → B → A inside one phase, i.e. at constant load), ``role_changes``,
 ``moves_toward_predicted_worse`` (moves whose target the cost model, recomputed here, scores
-below holding — must be 0); ``summary`` has their minima and maxima; ``cycles`` lists every
+below holding — must be 0), ``phase_oracle_vs_best_static`` (each phase's best static layout
+stitched, as if a planner knew every phase ahead and moved for free, ÷ the best single static
+layout: the most any planner could gain over it); ``summary`` has their minima and maxima;
+``--demo-phases chat=60,rag=300,quiet=60`` gives the demo the launcher's own phase lengths
+(with ``--interval 20``, its policy's planning interval); ``cycles`` lists every
 cycle with its inputs. ``--live-load`` plans on each window's load as derived, as the live
 path does (the loop's smoother is the bench's own).
 """
@@ -325,9 +329,10 @@ def run_one(args):
     smooth = rest[0] if rest else True
     local_share = rest[1] if len(rest) > 1 else False
     prompt_spread = rest[2] if len(rest) > 2 else True
+    demo_phases = rest[3] if len(rest) > 3 else None
     DEMO_SCALE["value"] = scale
     cluster = CLUSTERS[cname]
-    wl, phases, slo = build_workload(cluster, wname, phase_s, cycles)
+    wl, phases, slo = build_workload(cluster, wname, phase_s, cycles, demo_phases)
     roles = static_roles(cluster, p) if p is not None else None
     engines = sim_engines(cluster, roles)
     loop = ProductLoop(cluster, engines, slo, phases, smooth=smooth,
@@ -343,6 +348,7 @@ def run_one(args):
         "cluster": cname, "workload": wname, "static": p,
         "whole": goodput(result.results, slo, 0.0, end),
         "phases": {name: goodput(result.results, slo, a, b) for name, a, b in phases},
+        "phase_seconds": {name: b - a for name, a, b in phases},
         "role_changes": len(result.role_changes), "requests": len(result.results),
         "wall_s": time.perf_counter() - started,
     }
@@ -373,15 +379,22 @@ def summarise(runs: list[dict]) -> dict:
         planner = next(r for r in rs if r["static"] is None)
         statics = [r for r in rs if r["static"] is not None]
         best = max(statics, key=lambda r: r["whole"])
-        phase_ratios = {}
+        phase_ratios, stitched = {}, 0.0
         for ph, g in planner["phases"].items():
             top = max(s["phases"][ph] for s in statics)
             phase_ratios[ph] = g / top if top > 0 else None
+            stitched += top * planner["phase_seconds"][ph]
+        # The ceiling: each phase's best static layout, stitched (as if a planner knew every
+        # phase in advance and moved for free), ÷ the best single static layout. Near 1, no
+        # planner can beat the best static by more than that, and any move costs its drain.
+        span = sum(planner["phase_seconds"].values())
+        oracle = (stitched / span) / best["whole"] if best["whole"] and span else None
         log = planner.get("log", [])
         factors = [x for e in log for x in e["factors"][:2]]
         rows[f"{c}/{w}"] = {
             "goodput_vs_best_static": planner["whole"] / best["whole"] if best["whole"] else None,
             "best_static": best["static"],
+            "phase_oracle_vs_best_static": oracle,
             "planner_goodput_rps": planner["whole"], "best_static_goodput_rps": best["whole"],
             "worst_phase_vs_best_static_phase": min(
                 (v for v in phase_ratios.values() if v is not None), default=None),
@@ -444,10 +457,16 @@ def main() -> None:
                     help="give the planner the mean prompt only (no p50/p95 from the "
                          "finished prompts' histogram), as the bench did before the "
                          "twelfth pass")
+    ap.add_argument("--demo-phases", default="",
+                    help="the demo's seconds per phase, e.g. chat=60,rag=300,quiet=60 (the "
+                         "launcher's own, controlplane/launcher/traffic.py); default --phase "
+                         "for each")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     clusters, names = args.clusters.split(","), args.only.split(",")
+    demo_phases = {k: float(v) for k, _, v in (x.partition("=") for x in
+                                               args.demo_phases.split(",") if x)} or None
     phase, cycles = args.phase, args.cycles
     if args.quick:
         clusters, names, phase, cycles = ["two-rtxpro-servers"], ["demo"], 30.0, 1
@@ -459,9 +478,10 @@ def main() -> None:
             stride = 2
         for w in names:
             jobs.append((c, w, None, phase, cycles, args.interval, args.demo_scale,
-                         not args.live_load, args.local_share, not args.no_prompt_spread))
-            jobs.extend((c, w, p, phase, cycles, args.interval, args.demo_scale)
-                        for p in range(0, n, stride))
+                         not args.live_load, args.local_share, not args.no_prompt_spread,
+                         demo_phases))
+            jobs.extend((c, w, p, phase, cycles, args.interval, args.demo_scale, True, False,
+                         True, demo_phases) for p in range(0, n, stride))
     started = time.perf_counter()
     runs = []
     with multiprocessing.Pool(args.jobs) as pool:

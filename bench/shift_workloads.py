@@ -33,8 +33,11 @@ def _seed(*parts) -> int:
 DEMO_SCALE = {"value": 1.0}  # --demo-scale: multiplies the demo's chat and RAG rates
 
 
-def build_workload(cluster: dict, name: str, phase_s: float, cycles: int):
-    """(Workload, phases [(name, start, end)], SLO)."""
+def build_workload(cluster: dict, name: str, phase_s: float, cycles: int,
+                   demo_phases: dict | None = None):
+    """(Workload, phases [(name, start, end)], SLO). ``demo_phases``: the demo's seconds per
+    phase by name (chat, rag, quiet), e.g. the launcher's own; missing names get
+    ``phase_s``."""
     rng = random.Random(17)
     reqs, phases = [], []
     t = 0.0
@@ -52,13 +55,14 @@ def build_workload(cluster: dict, name: str, phase_s: float, cycles: int):
         for c in range(cycles):
             for pname, spec, rate in plan:
                 shared = int(spec["isl"] * spec.get("shared_prefix_fraction", 0.0))
-                for i, at in enumerate(_poisson(rng, t, phase_s, rate)):
+                dur = float((demo_phases or {}).get(pname, phase_s))
+                for i, at in enumerate(_poisson(rng, t, dur, rate)):
                     reqs.append(dict(arrival=at, input_length=spec["isl"],
                                      output_length=spec["osl"], shared_prefix_len=shared,
                                      prefix_seed=_seed(pname, rng.randrange(8)),
                                      seed=_seed(name, c, pname, i)))
-                phases.append((f"{pname}{c + 1}", t, t + phase_s))
-                t += phase_s
+                phases.append((f"{pname}{c + 1}", t, t + dur))
+                t += dur
     else:
         trace = "azure-conv" if name == "azure-diurnal" else "mooncake"
         path, slo = TRACES[trace]

@@ -39,3 +39,30 @@ def test_live_load_plans_on_each_window_as_derived():
         if e["derived"][0] > 0:  # a window with finishes: planned on as derived
             assert e["load"] == e["derived"], e
         assert not e["worse"]
+
+
+def test_the_ceiling_stitches_each_phases_best_static_over_the_best_single_one():
+    """phase_oracle_vs_best_static: each phase's best static layout over its seconds, ÷ the
+    best single static layout's whole run (weighted by the phases' lengths)."""
+    secs = {"a": 100.0, "b": 300.0}
+
+    def run(static, a, b, whole):
+        return {"cluster": "c", "workload": "w", "static": static, "whole": whole,
+                "phases": {"a": a, "b": b}, "phase_seconds": secs, "role_changes": 0}
+
+    runs = [run(None, 2.0, 1.0, 1.25), run(0, 2.0, 0.5, 0.875), run(1, 1.0, 1.0, 1.0)]
+    row = planner_shift.summarise(runs)["workloads"]["c/w"]
+    assert row["best_static"] == 1
+    # Stitched: 2.0 × 100 + 1.0 × 300 over 400 s = 1.25 req/s, ÷ 1.0.
+    assert abs(row["phase_oracle_vs_best_static"] - 1.25) < 1e-12
+    assert row["goodput_vs_best_static"] == 1.25
+
+
+def test_demo_phases_set_each_phases_length():
+    from shift_workloads import build_workload
+
+    cluster = planner_shift.CLUSTERS["two-rtxpro-servers"]
+    _wl, phases, _slo = build_workload(cluster, "demo", 90.0, 1,
+                                       {"chat": 60.0, "rag": 300.0})
+    assert [(n, b - a) for n, a, b in phases] == [("chat1", 60.0), ("rag1", 300.0),
+                                                   ("quiet1", 90.0)]
