@@ -246,7 +246,7 @@ class ProductLoop:
             load, _ = carry_mix(load, asdict(self.last_load) if self.last_load else None)
             self.last_load = load
             sm = load
-        bucket, cal = self.book.factors_for(dl.isl_mean, dl.osl_mean)
+        bucket, cal = self.book.factors_for(dl.isl_mean, dl.osl_mean, sm.rate_rps)
         inp = ModelInput(1, self.model, shape(self.cluster), tuple(workers), load, self.policy,
                          self.links, cal.apply(DEFAULT_PARAMS), memory=self.memory,
                          regime=self.regime)
@@ -259,7 +259,8 @@ class ProductLoop:
             self.book.observe(
                 LoadPoint(sm.rate_rps, sm.isl_mean, sm.osl_mean),
                 d.current_now.ttft_p95_s / cal.ttft_factor, ttft_ms / 1000 if ttft_ms else None,
-                d.current_now.itl_mean_s / cal.itl_factor, itl_mean / 1000 if itl_mean else None)
+                d.current_now.itl_mean_s / cal.itl_factor, itl_mean / 1000 if itl_mean else None,
+                _first_token_isl(snap, now))
         worse = False
         if d.action == "change" and d.reason in MOVING and d.target is not None:
             worse = _predicted_worse(inp, d.target.n_prefill)

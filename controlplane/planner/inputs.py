@@ -169,7 +169,7 @@ def gather_cluster(cluster: Cluster) -> ClusterInputs:
         roles = {w.pk: w.desired_role for w in workers}
         load = _load(sm, state, wstates, roles)
         ttft, itl, source = measured_latency(sm, wstates)
-        itl_mean = None
+        itl_mean = first_token_isl = None
         # The engines' own counters and histograms, merged over one window: the load the
         # planner predicts for and the fleet p95 it calibrates against come from the same
         # requests (issue 17, item 3). Old agents send none: the token-rate derivation and
@@ -182,13 +182,14 @@ def gather_cluster(cluster: Cluster) -> ClusterInputs:
                 itl = stats.itl_p95_s if stats.itl_p95_s is not None else itl
                 source = f"fleet histograms ({stats.source}, {stats.window_s:g} s)"
             itl_mean = stats.itl_mean_s
+            first_token_isl = stats.first_token_prompt_mean
         load = _with_affinity(load, sm.name, max(float(policy.rebalance_interval_s), 10.0))
         load = _with_local_prefill(load, sm.name, roles, stats, policy.local_prefill_max_tokens,
                                    max(float(policy.rebalance_interval_s), 10.0))
         # A window without finished requests keeps the last mix with traffic (the load the
         # planner was given last cycle), so the planned peak is priced with real prompts.
         load, carried = carry_mix(load, (state.last_inputs or {}).get("load"))
-        measured[sm.pk] = (ttft, itl, source, itl_mean)
+        measured[sm.pk] = (ttft, itl, source, itl_mean, first_token_isl)
         # The overload rule reads the measured p95s too (ms; None = unknown).
         load = replace(
             load,
@@ -198,7 +199,7 @@ def gather_cluster(cluster: Cluster) -> ClusterInputs:
         # Factors of this window's workload bucket (a phase change switches buckets);
         # a factor that wants out of [0.5, 2] is named in the record as a model error.
         bucket, cal = CalibrationBook.from_dict(state.calibration).factors_for(
-            load.isl_mean, load.osl_mean)
+            load.isl_mean, load.osl_mean, load.rate_rps)
         notes = tuple(
             f"model error: the {e['metric']} calibration factor wants {e['wanted']:.2f}, "
             f"outside [0.5, 2] (held at {e['held_at']:g}) for workload bucket {bucket}"

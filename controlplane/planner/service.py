@@ -77,10 +77,11 @@ def _calibrate(state, decision, measured) -> None:
         return
     ttft, itl, _source, *rest = measured
     book = CalibrationBook.from_dict(state.calibration)
-    _key, cal = book.factors_for(obs.isl_mean, obs.osl_mean)
+    _key, cal = book.factors_for(obs.isl_mean, obs.osl_mean, obs.rate_rps)
     raw_ttft = pred.ttft_p95_s / cal.ttft_factor if cal.ttft_factor else None
     raw_itl = pred.itl_p95_s / cal.itl_factor if cal.itl_factor else None
     itl_mean = rest[0] if rest else None
+    first_token_isl = rest[1] if len(rest) > 1 else None
     if itl_mean:
         # The ITL factor compares mean token gaps when the fleet histograms give one: what
         # goodput's per-request mean ITL averages to, and no knife edge (a gap p95 jumps
@@ -88,7 +89,7 @@ def _calibrate(state, decision, measured) -> None:
         itl = itl_mean
         raw_itl = pred.itl_mean_s / cal.itl_factor if cal.itl_factor else None
     new = book.observe(LoadPoint(obs.rate_rps, obs.isl_mean, obs.osl_mean),
-                       raw_ttft, ttft, raw_itl, itl)
+                       raw_ttft, ttft, raw_itl, itl, first_token_isl)
     state.calibration = book.as_dict()
     state.ttft_factor, state.itl_factor = new.ttft_factor, new.itl_factor
     state.calibration_samples = new.samples
@@ -182,7 +183,8 @@ def _inputs_json(inp, ci, measured) -> dict:
                         "itl_factor": inp.params.itl_factor},
         "measured": {"ttft_p95_s": measured[0], "itl_p95_s": measured[1],
                      "source": measured[2],
-                     "itl_mean_s": measured[3] if len(measured) > 3 else None},
+                     "itl_mean_s": measured[3] if len(measured) > 3 else None,
+                     "first_token_prompt_mean": measured[4] if len(measured) > 4 else None},
         "nodes": ci.nodes_total,
         "stale_nodes": ci.nodes_stale,
     }

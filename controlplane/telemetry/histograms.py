@@ -224,6 +224,12 @@ class FleetEngineStats:
     # their prompts from its own requests'): those remote prompts count twice, and the
     # share reads a little low for that window.
     request_prompt_tokens: Histogram | None = None
+    # Mean prompt of the requests whose first token came in the window — the ones the TTFT
+    # histogram above counted: the prefill side's prompt-token counter (vLLM counts a
+    # request's prompt at its first token) ÷ its TTFT count. Right after a mix shift it
+    # leads the finished requests' prompt length by a window; calibration compares only
+    # when the two agree (planner.calibration).
+    first_token_prompt_mean: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -291,4 +297,12 @@ def fleet_stats(engines: Iterable[tuple[str, EngineDelta | None]], window_s: flo
         itl_p50_s=_q(itl, 0.5), itl_p95_s=_q(itl, 0.95),
         itl_mean_s=itl.mean() if itl and itl.sum > 0 else None,
         request_prompt_tokens=prompt,
+        first_token_prompt_mean=_per_first_token(pre, ttft),
     )
+
+
+def _per_first_token(pre: list[EngineDelta], ttft: Histogram | None) -> float | None:
+    tokens = [d.counters[PROMPT] for d in pre if PROMPT in d.counters]
+    if not tokens or ttft is None or ttft.count <= 0:
+        return None
+    return max(sum(tokens), 0.0) / ttft.count

@@ -250,3 +250,21 @@ def test_prometheus_engine_stats_asks_the_same_quantities_by_role():
 
     reader._scalar = lambda query: None  # no requests in the window: no figures
     assert reader.engine_stats("other", 60.0) is None
+
+
+def test_first_token_prompt_mean_counts_the_requests_the_ttft_histogram_counted():
+    """Right after chat → RAG: the window's first tokens were RAG prompts (the prompt-token
+    counter counts a prompt at its first token) while the requests that finished were
+    chat's. The first-token mean reads RAG; the finished prompts still read chat."""
+    empty = EngineSnapshot(0, {"request_success": 0, "prompt_tokens": 0}, {
+        "ttft_s": hist(TTFT_LE, []), "prompt_tokens": hist(TOKEN_LE, [])})
+    now = EngineSnapshot(20, {"request_success": 40, "prompt_tokens": 30 * 4000}, {
+        "ttft_s": hist(TTFT_LE, [0.5] * 30), "prompt_tokens": hist(TOKEN_LE, [1000] * 40)})
+    stats = fleet_stats([("both", window_delta([empty, now], 20))], 20)
+    assert stats.first_token_prompt_mean == pytest.approx(4000.0)
+    assert stats.prompt_tokens_mean == pytest.approx(1000.0)
+    # No TTFT observations (or no counter): unknown, never zero.
+    quiet = EngineSnapshot(20, {"request_success": 0, "prompt_tokens": 0}, {
+        "ttft_s": hist(TTFT_LE, []), "prompt_tokens": hist(TOKEN_LE, [])})
+    assert fleet_stats([("both", window_delta([empty, quiet], 20))], 20) \
+        .first_token_prompt_mean is None

@@ -32,25 +32,61 @@ def test_a_phase_change_is_not_compared_and_factors_are_kept_per_bucket():
     book = CalibrationBook({})
     for _ in range(10):
         book.observe(RAG, 1.0, 1.2, None, None)
-    rag_factor = book.factors_for(RAG.isl_mean, RAG.osl_mean)[1].ttft_factor
+    rag_factor = book.factors_for(RAG.isl_mean, RAG.osl_mean, RAG.rate_rps)[1].ttft_factor
     # The first quiet window: its measured p95 still holds RAG requests (3× the quiet
     # prediction). It must not be compared, and the RAG factor must not move.
     cal = book.observe(QUIET, 0.1, 0.3, None, None)
     assert "mix shift" in book.skipped and cal.samples == 0
-    assert book.factors_for(RAG.isl_mean, RAG.osl_mean)[1].ttft_factor == rag_factor
+    assert book.factors_for(RAG.isl_mean, RAG.osl_mean, RAG.rate_rps)[1].ttft_factor == rag_factor
     # Later quiet windows calibrate the quiet bucket only.
     for _ in range(5):
         book.observe(QUIET, 0.1, 0.09, None, None)
-    assert book.factors_for(QUIET.isl_mean, QUIET.osl_mean)[1].ttft_factor < 1.0
-    assert book.factors_for(RAG.isl_mean, RAG.osl_mean)[1].ttft_factor == rag_factor
+    assert book.factors_for(QUIET.isl_mean, QUIET.osl_mean, QUIET.rate_rps)[1].ttft_factor < 1.0
+    assert book.factors_for(RAG.isl_mean, RAG.osl_mean, RAG.rate_rps)[1].ttft_factor == rag_factor
     assert bucket_of(RAG.isl_mean, RAG.osl_mean) != bucket_of(QUIET.isl_mean, QUIET.osl_mean)
 
 
 def test_a_rate_jump_inside_one_bucket_is_not_compared():
     book = CalibrationBook({})
     book.observe(RAG, 1.0, 1.0, None, None)
-    book.observe(LoadPoint(60.0, 4000.0, 300.0), 1.0, 5.0, None, None)
+    book.observe(LoadPoint(30.0, 4000.0, 300.0), 1.0, 5.0, None, None)  # same octave
     assert "load moved" in book.skipped
+
+
+def test_a_factor_learnt_at_one_load_is_not_applied_an_octave_away():
+    """Same mix, load an octave apart: the model's error differs between a queue and an
+    idle fleet, so each octave keeps its own factor (the demo's quiet phase taught chat a
+    factor of 2.0 before, issue 17)."""
+    chat, quiet = LoadPoint(10.0, 1000.0, 300.0), LoadPoint(1.8, 1000.0, 300.0)
+    book = CalibrationBook({})
+    for _ in range(20):
+        book.observe(quiet, 0.065, 0.13, None, None)
+    assert book.factors_for(1000.0, 300.0, 1.8)[1].ttft_factor > 1.5
+    assert book.factors_for(1000.0, 300.0, 10.0)[1].ttft_factor == 1.0
+    assert bucket_of(1000.0, 300.0, 10.0) != bucket_of(1000.0, 300.0, 1.8)
+    assert bucket_of(1000.0, 300.0, 8.0) == bucket_of(1000.0, 300.0, 15.9)
+    assert bucket_of(1000.0, 300.0, 0.0).endswith("idle")
+    assert bucket_of(1000.0, 300.0, float("nan")).endswith("idle")
+    assert bucket_of(1000.0, 300.0, 1e-9) == bucket_of(1000.0, 300.0, 0.01)  # floor r-4
+    book.observe(chat, 0.2, 0.2, None, None)
+    assert book.factors_for(1000.0, 300.0, 10.0)[1].samples == 0  # octave changed: skipped
+
+
+@settings(max_examples=200, deadline=None)
+@given(isl=st.floats(100, 50_000), measured=st.floats(1, 100_000), ratio=st.floats(0.1, 10))
+def test_a_mix_still_arriving_is_not_compared(isl, measured, ratio):
+    """The measured TTFT counts the requests whose first token came in the window; the load
+    counts finished ones. When their prompts differ by more than the stable shift, the
+    window is not compared (chat → RAG: the load read chat, the TTFT p95 RAG's)."""
+    load = LoadPoint(10.0, isl, 300.0)
+    book = CalibrationBook({})
+    book.observe(load, 0.2, 0.2, None, None)  # the bucket's first window: remembered
+    before = book.factors_for(isl, 300.0, 10.0)[1]
+    after = book.observe(load, 0.2, 0.2 * ratio, None, None, measured)
+    if abs(measured - isl) / isl > 0.25:
+        assert after == before and "still arriving" in book.skipped
+    else:
+        assert after.samples == before.samples + 1 and book.skipped == ""
 
 
 def test_a_factor_that_wants_out_of_range_is_a_model_error_not_a_silent_clamp():
@@ -62,7 +98,8 @@ def test_a_factor_that_wants_out_of_range_is_a_model_error_not_a_silent_clamp():
     assert errors["TTFT"]["wanted"] > MAX_FACTOR and errors["TTFT"]["held_at"] == MAX_FACTOR
     assert errors["ITL"]["wanted"] < MIN_FACTOR
     again = CalibrationBook.from_dict(book.as_dict())
-    assert again.factors_for(RAG.isl_mean, RAG.osl_mean)[1].model_errors() == cal.model_errors()
+    rag = again.factors_for(RAG.isl_mean, RAG.osl_mean, RAG.rate_rps)[1]
+    assert rag.model_errors() == cal.model_errors()
 
 
 @settings(max_examples=50, deadline=None)
