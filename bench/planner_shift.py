@@ -65,7 +65,7 @@ from planner_quality import (  # noqa: E402
     sim_links,
     static_roles,
 )
-from shift_summary import flaps, summarise  # noqa: E402,F401 (re-exported for tests)
+from shift_summary import summarise  # noqa: E402
 from shift_workloads import DEMO_SCALE, build_workload  # noqa: E402
 
 from controlplane.planner.calibration import CalibrationBook, LoadPoint  # noqa: E402
@@ -237,6 +237,7 @@ class ProductLoop:
         else:
             sm = dl
         ttft_ms, itl_ms = self.fleet_p95(snap)
+        first_token_isl = _first_token_isl(snap, now)  # what the TTFT p95 counted
         load = LoadInput(sm.rate_rps, max(dl.peak_rps, sm.rate_rps), sm.isl_mean, None,
                          sm.osl_mean, sm.prefix_hit, dl.inflight, dl.inflight, ttft_ms, itl_ms)
         if self.prompt_spread:
@@ -260,7 +261,7 @@ class ProductLoop:
                 LoadPoint(sm.rate_rps, sm.isl_mean, sm.osl_mean),
                 d.current_now.ttft_p95_s / cal.ttft_factor, ttft_ms / 1000 if ttft_ms else None,
                 d.current_now.itl_mean_s / cal.itl_factor, itl_mean / 1000 if itl_mean else None,
-                _first_token_isl(snap, now))
+                first_token_isl)
         worse = False
         if d.action == "change" and d.reason in MOVING and d.target is not None:
             worse = _predicted_worse(inp, d.target.n_prefill)
@@ -273,7 +274,7 @@ class ProductLoop:
             # finished requests trails the arrivals after a shift.
             "derived": (round(dl.rate_rps, 2), round(dl.isl_mean), round(dl.osl_mean)),
             "arrived": snap.arrivals_since_last, "finished": len(snap.recent_results),
-            "first_token_isl": _first_token_isl(snap, now),
+            "first_token_isl": first_token_isl,
             "label": d.record.label if d.record else "", "changes": len(d.changes),
             "target": d.target.layout if d.target else None,
             "target_p": d.target.n_prefill if d.target else None,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from django.conf import settings
 
@@ -35,13 +36,27 @@ log = logging.getLogger(__name__)
 _reader = None
 
 
+class Measured(NamedTuple):
+    """What the fleet measured over the planning window for one model (seconds; prompt
+    tokens), for calibration and the plan's stored inputs."""
+
+    ttft_p95_s: float | None
+    itl_p95_s: float | None
+    source: str
+    itl_mean_s: float | None = None  # the mean token gap (ITL histogram sum ÷ count)
+    # Mean prompt of the window's first tokens (FleetEngineStats.first_token_prompt_mean)
+    first_token_prompt_mean: float | None = None
+
+
+NOT_MEASURED = Measured(None, None, "none")
+
+
 @dataclass
 class ClusterInputs:
     models: list[ModelInput]
     nodes_total: int
     nodes_stale: int
-    # model id → (TTFT p95, ITL p95, source, mean token gap or None), seconds
-    measured: dict[int, tuple]
+    measured: dict[int, Measured]
     states: dict[int, ModelPlannerState]
     snapshot_at: float
 
@@ -189,7 +204,7 @@ def gather_cluster(cluster: Cluster) -> ClusterInputs:
         # A window without finished requests keeps the last mix with traffic (the load the
         # planner was given last cycle), so the planned peak is priced with real prompts.
         load, carried = carry_mix(load, (state.last_inputs or {}).get("load"))
-        measured[sm.pk] = (ttft, itl, source, itl_mean, first_token_isl)
+        measured[sm.pk] = Measured(ttft, itl, source, itl_mean, first_token_isl)
         # The overload rule reads the measured p95s too (ms; None = unknown).
         load = replace(
             load,

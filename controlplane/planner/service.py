@@ -19,7 +19,7 @@ from . import apply
 from . import metrics as planner_metrics
 from .apply import PlanError
 from .calibration import CalibrationBook, LoadPoint
-from .inputs import gather_cluster
+from .inputs import NOT_MEASURED, Measured, gather_cluster
 from .models import Plan, PlanStatus
 from .planner import plan_cluster
 
@@ -75,13 +75,13 @@ def _calibrate(state, decision, measured) -> None:
     obs = rec.observation if rec else None
     if pred is None or obs is None or pred.overloaded or pred.rate_rps <= 0:
         return
-    ttft, itl, _source, *rest = measured
+    m = Measured(*measured)  # a plain (ttft, itl, source[, …]) tuple is accepted too
+    ttft, itl = m.ttft_p95_s, m.itl_p95_s
     book = CalibrationBook.from_dict(state.calibration)
     _key, cal = book.factors_for(obs.isl_mean, obs.osl_mean, obs.rate_rps)
     raw_ttft = pred.ttft_p95_s / cal.ttft_factor if cal.ttft_factor else None
     raw_itl = pred.itl_p95_s / cal.itl_factor if cal.itl_factor else None
-    itl_mean = rest[0] if rest else None
-    first_token_isl = rest[1] if len(rest) > 1 else None
+    itl_mean = m.itl_mean_s
     if itl_mean:
         # The ITL factor compares mean token gaps when the fleet histograms give one: what
         # goodput's per-request mean ITL averages to, and no knife edge (a gap p95 jumps
@@ -89,7 +89,7 @@ def _calibrate(state, decision, measured) -> None:
         itl = itl_mean
         raw_itl = pred.itl_mean_s / cal.itl_factor if cal.itl_factor else None
     new = book.observe(LoadPoint(obs.rate_rps, obs.isl_mean, obs.osl_mean),
-                       raw_ttft, ttft, raw_itl, itl, first_token_isl)
+                       raw_ttft, ttft, raw_itl, itl, m.first_token_prompt_mean)
     state.calibration = book.as_dict()
     state.ttft_factor, state.itl_factor = new.ttft_factor, new.itl_factor
     state.calibration_samples = new.samples
@@ -109,7 +109,7 @@ def run_planning(cluster: Cluster, now: float | None = None) -> list[Plan]:
     for d in decision.models:
         inp = by_id[d.served_model_id]
         state = ci.states[d.served_model_id]
-        measured = ci.measured.get(d.served_model_id, (None, None, "none", None))
+        measured = ci.measured.get(d.served_model_id, NOT_MEASURED)
         _calibrate(state, d, measured)
         inputs = _inputs_json(inp, ci, measured)
         state.last_run_at = stamp
@@ -181,10 +181,7 @@ def _inputs_json(inp, ci, measured) -> dict:
         "policy": inp.policy.as_dict(),
         "calibration": {"ttft_factor": inp.params.ttft_factor,
                         "itl_factor": inp.params.itl_factor},
-        "measured": {"ttft_p95_s": measured[0], "itl_p95_s": measured[1],
-                     "source": measured[2],
-                     "itl_mean_s": measured[3] if len(measured) > 3 else None,
-                     "first_token_prompt_mean": measured[4] if len(measured) > 4 else None},
+        "measured": Measured(*measured)._asdict(),
         "nodes": ci.nodes_total,
         "stale_nodes": ci.nodes_stale,
     }
