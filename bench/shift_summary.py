@@ -56,13 +56,15 @@ def summarise(runs: list[dict]) -> dict:
             "calibration_factor_range": [min(factors), max(factors)] if factors else None,
             "plans": [f"{e['t']:.0f}s {e['phase']}: {e['reason']} {e['label']} → {e['target']}"
                       for e in log if e["action"] == "change"],
-            # Every cycle with its inputs (smoothed load, as derived, the window's arrivals,
-            # finishes and first-token prompt length, measured p95s), not only the changes.
+            # Every cycle with its inputs (the planner's load: smoothed, at the arriving rate
+            # in a backlog; as derived, the window's arrivals, finishes and first-token
+            # prompt length, measured p95s), not only the changes.
             "cycles": [f"{e['t']:.0f}s {e['phase']}: {e['action']} {e['reason']} "
                        f"{e['label']} → {e['target']}; load {e['load']} derived "
                        f"{e.get('derived')} arrived {e.get('arrived')} finished "
                        f"{e.get('finished')} first-token prompt {e.get('first_token_isl')} "
-                       f"measured {e['measured_ms']}" for e in log],
+                       f"measured {e['measured_ms']}"
+                       + (" backlog" if e.get("backlog") else "") for e in log],
         }
 
     def agg(key, fn):

@@ -188,11 +188,13 @@ class CalibrationBook:
     def observe(
         self, load: LoadPoint, raw_ttft: float | None, measured_ttft: float | None,
         raw_itl: float | None, measured_itl: float | None,
-        measured_isl: float | None = None,
+        measured_isl: float | None = None, backlog: str = "",
     ) -> Calibration:
         """One cycle: compare only if this window's mix matches the previous one's and the
         requests the measured p95 counted had the load's prompts (``measured_isl``: the
-        mean prompt of the requests whose first token came in the window, when known);
+        mean prompt of the requests whose first token came in the window, when known) and
+        the window is a steady state (``backlog``: why not — a backlog filling or draining,
+        whose queueing the steady-state model does not price; derive.with_arrivals);
         always remember this window's load. Returns the bucket's (possibly updated)
         factors."""
         key = bucket_of(load.isl_mean, load.osl_mean, load.rate_rps)
@@ -210,6 +212,8 @@ class CalibrationBook:
             # factor at 2.0 (issue 17).
             self.skipped = (f"a mix still arriving: first tokens came from prompts of "
                             f"{measured_isl:,.0f} tokens, the load's are {load.isl_mean:,.0f}")
+        elif backlog:
+            self.skipped = backlog
         elif shift > STABLE_SHIFT:
             self.skipped = f"load moved {shift:.0%} since the last window"
         elif load.rate_rps <= 0:

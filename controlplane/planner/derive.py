@@ -253,3 +253,45 @@ class LoadSmoother:
                        float(d.get("prefix_hit", 0.0)), int(d.get("windows", 0)))
         except (KeyError, TypeError, ValueError):
             return cls()
+
+
+def in_system(workers) -> int:
+    """Requests the engines hold now, running or waiting, over every worker (anything with
+    ``running`` and ``waiting``: the planner's ``WorkerInput``). Under P/D a request is
+    held by one side at a time: its prefill half leaves the prefill engine as it finishes."""
+    return int(sum(max(getattr(w, "running", 0) or 0, 0) + max(getattr(w, "waiting", 0) or 0, 0)
+                   for w in workers))
+
+
+# The offered load differs from the finished one by more than this share: the fleet is
+# filling or emptying a backlog (the planner's load then follows the arrivals).
+BACKLOG_SHIFT = 0.25
+
+
+def with_arrivals(load: L, held_now: int, held_before: int | None, window_s: float,
+                  peak_before: float) -> tuple[L, str]:
+    """(load, note): the load at the rate requests *arrive*, by conservation — those that
+    finished in the window plus the change in those the engines hold — when that differs
+    from the finished rate by more than :data:`BACKLOG_SHIFT`. ``load`` is any dataclass
+    with ``rate_rps`` and ``peak_rps`` (the planner's ``LoadInput``); ``peak_before`` is the
+    decaying peak as it was before this window, so that the peak follows the arrivals too.
+
+    Finished requests are what a fleet *serves*. In a surge past its capacity that is the
+    capacity, not the load: four H200 servers at 4× Mooncake, aggregated, finished 324
+    requests in a window where 470 arrived, and the planner chose 28P:4D for 10 req/s — a
+    layout that cannot keep up at the 16 that were coming, whose backlog then grew to a
+    TTFT p95 of 100 s. After the surge the fleet works off its backlog and finishes more
+    than arrives (419 against 121), which read as a surge still on. Quiet windows stay on
+    the finished rate: the held count moves by a few requests there, noise beside it."""
+    rate = float(getattr(load, "rate_rps", 0.0) or 0.0)
+    if held_before is None or not window_s > 0 or rate <= 0:
+        return load, ""
+    arriving = max(rate + (held_now - held_before) / window_s, 0.0)
+    if abs(arriving - rate) <= BACKLOG_SHIFT * rate:
+        return load, ""
+    peak = max(arriving, float(peak_before or 0.0) * PEAK_DECAY)
+    grew = held_now > held_before
+    return replace(load, rate_rps=arriving, peak_rps=peak), (
+        f"requests {'arrive' if grew else 'arrived'} at {arriving:.2f}/s, not the "
+        f"{rate:.2f}/s that finished: the engines hold {held_now:,} against {held_before:,} "
+        f"{window_s:g} s ago (a backlog {'filling' if grew else 'draining'})")

@@ -7,9 +7,11 @@ price a move and track the load regime live in :mod:`.dwell`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from .calibration import STABLE_SHIFT
 from .costmodel import Prediction
 from .dwell import (
     explained_breach,
@@ -120,7 +122,13 @@ def gate(inp: ModelInput, obs: Observation, cv: CandidateVerdict, ch: ChoiceVerd
         # and the alert still fires.
         best_now, best_plan = preds(ch.best_prefill)
         rate = obs.rate_rps
-        if not (rate > 0 and _gains(best_now, cv.hold_now, rate, h)
+        # Nor is finishing a move under way a shuffle: holding there keeps a half-done mix
+        # no cycle chose. Four H200 servers at a sustained 4× Mooncake sat at "11P + 3D + 18
+        # both", step 5 of 7 toward aggregated, for 420 s because every layout missed.
+        # The move's own rules below still decide (finish while its target is predicted
+        # at least as good as holding; hold or turn back otherwise).
+        finishing = obs.move is not None and score(obs.move.target_prefill) >= hold
+        if not finishing and not (rate > 0 and _gains(best_now, cv.hold_now, rate, h)
                 and best_now.goodput_rps - cv.hold_now.goodput_rps > h * rate
                 and best_plan.goodput_rps >= cv.hold_plan.goodput_rps):
             return GateVerdict(
@@ -345,10 +353,20 @@ def gate(inp: ModelInput, obs: Observation, cv: CandidateVerdict, ch: ChoiceVerd
 
 def headroom_only(inp: ModelInput, obs: Observation, ref_now: Prediction,
                   regime: Regime | None) -> str:
-    """'' unless the layout as it is keeps the targets at the load now, read past the first
-    window of its load regime; then why a gain at the planned load alone (the recent peak
-    plus the growth margin) does not start a move, for the record."""
-    if obs.rate_rps <= 0 or regime is None or regime.cycles <= 1:
+    """'' unless the layout as it is keeps the targets at the load now, as read once the
+    load has settled; then why a gain at the planned load alone (the recent peak plus the
+    growth margin) does not start a move, for the record.
+
+    Settled: past the first window of the load regime, or in it when the prompts whose
+    first token came in the window are the load's (:func:`mix_settled`). A first window
+    whose finished requests still carry the old mix says nothing about the new one (the
+    demo's first RAG window read 2,210-token prompts where 3,950-token ones were arriving,
+    and holding on it cost that phase a window), but one whose mix has arrived does: the
+    demo's chat after quiet, at its arriving rate, left 4P:4D, which served chat as well
+    as any layout, for 2P:6D on the growth margin alone."""
+    if obs.rate_rps <= 0 or regime is None:
+        return ""
+    if regime.cycles <= 1 and not mix_settled(inp.load):
         return ""
     if not _meets(ref_now, inp.policy):
         return ""
@@ -357,6 +375,15 @@ def headroom_only(inp: ModelInput, obs: Observation, ref_now: Prediction,
             f"load regime); the gain is only at the planned {obs.plan_rate_rps:,.2f} req/s "
             "(the recent peak plus the growth margin), headroom for load not measured now: "
             "it breaks ties between moves but does not start one")
+
+
+def mix_settled(load) -> bool:
+    """The window's first tokens came from prompts of the load's mean length (within the
+    calibration's stable shift): the mix the load describes is the one arriving."""
+    first = load.first_token_isl
+    if not isinstance(first, int | float) or not math.isfinite(first) or first <= 0:
+        return False
+    return abs(first - load.isl_mean) <= STABLE_SHIFT * max(load.isl_mean, 1e-9)
 
 
 def _origin(mem: MoveMemory | None) -> int:

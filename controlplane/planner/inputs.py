@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from django.conf import settings
+from django.utils import timezone
 
 from controlplane.policies.models import effective_policy_for
 from controlplane.telemetry import hotstate
@@ -23,7 +24,9 @@ from .derive import (
     _num,
     carry_mix,
     derive_load,
+    in_system,
     local_prefill_share,
+    with_arrivals,
     worst_p95,
 )
 from .models import OPEN_STATUSES, ModelPlannerState, Plan
@@ -46,6 +49,9 @@ class Measured(NamedTuple):
     itl_mean_s: float | None = None  # the mean token gap (ITL histogram sum ÷ count)
     # Mean prompt of the window's first tokens (FleetEngineStats.first_token_prompt_mean)
     first_token_prompt_mean: float | None = None
+    # Why the window is not a steady state ('' when it is): a backlog filling or draining
+    # (derive.with_arrivals). Calibration does not compare such a window.
+    backlog: str = ""
 
 
 NOT_MEASURED = Measured(None, None, "none")
@@ -182,6 +188,7 @@ def gather_cluster(cluster: Cluster) -> ClusterInputs:
                 stale=(hs is None or bool(hs.get("stale")) or w.node_id in stale_nodes),
             ))
         roles = {w.pk: w.desired_role for w in workers}
+        peak_before = state.peak_rps
         load = _load(sm, state, wstates, roles)
         ttft, itl, source = measured_latency(sm, wstates)
         itl_mean = first_token_isl = None
@@ -204,7 +211,14 @@ def gather_cluster(cluster: Cluster) -> ClusterInputs:
         # A window without finished requests keeps the last mix with traffic (the load the
         # planner was given last cycle), so the planned peak is priced with real prompts.
         load, carried = carry_mix(load, (state.last_inputs or {}).get("load"))
-        measured[sm.pk] = Measured(ttft, itl, source, itl_mean, first_token_isl)
+        # The rate requests arrive at, when the engines' backlog filled or drained over the
+        # window (finished requests are then the fleet's pace, not the load).
+        load, backlog = with_arrivals(load, in_system(winputs), _held_before(state),
+                                      _window_s(state), peak_before)
+        if backlog:
+            state.peak_rps = load.peak_rps
+        load = replace(load, first_token_isl=first_token_isl)
+        measured[sm.pk] = Measured(ttft, itl, source, itl_mean, first_token_isl, backlog)
         # The overload rule reads the measured p95s too (ms; None = unknown).
         load = replace(
             load,
@@ -219,7 +233,7 @@ def gather_cluster(cluster: Cluster) -> ClusterInputs:
             f"model error: the {e['metric']} calibration factor wants {e['wanted']:.2f}, "
             f"outside [0.5, 2] (held at {e['held_at']:g}) for workload bucket {bucket}"
             for e in cal.model_errors()
-        ) + ((carried,) if carried else ())
+        ) + ((carried,) if carried else ()) + ((backlog,) if backlog else ())
         models.append(ModelInput(
             served_model_id=sm.pk, model=model_spec(sm), shape=WorkerShape(gpu, tp),
             workers=tuple(winputs), load=load, policy=policy, node_links=links,
@@ -228,6 +242,24 @@ def gather_cluster(cluster: Cluster) -> ClusterInputs:
             regime=Regime.from_dict((state.last_record or {}).get("regime")),
         ))
     return ClusterInputs(models, len(nodes), len(stale_nodes), measured, states, snap["at"])
+
+
+def _held_before(state: ModelPlannerState) -> int | None:
+    """Requests the engines held at the last cycle (running + waiting, from its stored
+    inputs); None when unknown."""
+    workers = (state.last_inputs or {}).get("workers")
+    if not isinstance(workers, list) or not workers:
+        return None
+    return in_system(WorkerInput(0, "", "", None, running=int(_num(w, "running")),
+                                 waiting=int(_num(w, "waiting")))
+                     for w in workers if isinstance(w, dict))
+
+
+def _window_s(state: ModelPlannerState) -> float:
+    """Seconds since the last cycle (0: none yet)."""
+    if state.last_run_at is None:
+        return 0.0
+    return max((timezone.now() - state.last_run_at).total_seconds(), 0.0)
 
 
 def _load(sm, state: ModelPlannerState, wstates: list[dict], roles: dict) -> LoadInput:

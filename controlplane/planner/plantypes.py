@@ -45,6 +45,10 @@ class LoadInput:
     # says where a known share came from.
     local_prefill_share: float | None = None
     local_prefill_source: str = ""
+    # Mean prompt of the requests whose first token came in the window (the prefill side's
+    # prompt-token counter ÷ its TTFT count); None = unknown. The lengths above come from
+    # finished requests and trail a change of mix by a request's life; this does not.
+    first_token_isl: float | None = None
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,7 @@ def _calibrate(state, decision, measured) -> None:
         itl = itl_mean
         raw_itl = pred.itl_mean_s / cal.itl_factor if cal.itl_factor else None
     new = book.observe(LoadPoint(obs.rate_rps, obs.isl_mean, obs.osl_mean),
-                       raw_ttft, ttft, raw_itl, itl, m.first_token_prompt_mean)
+                       raw_ttft, ttft, raw_itl, itl, m.first_token_prompt_mean, m.backlog)
     state.calibration = book.as_dict()
     state.ttft_factor, state.itl_factor = new.ttft_factor, new.itl_factor
     state.calibration_samples = new.samples
