@@ -37,7 +37,9 @@ def test_live_load_plans_on_each_window_as_derived():
     assert log
     for e in log:
         if e["derived"][0] > 0:  # a window with finishes: planned on as derived
-            assert e["load"] == e["derived"], e
+            # (at the arriving rate where a backlog filled or drained: derive.with_arrivals)
+            assert e["load"][1:] == e["derived"][1:], e
+            assert e["load"][0] == e["derived"][0] or e["backlog"], e
         assert not e["worse"]
 
 
