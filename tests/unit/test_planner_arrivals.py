@@ -9,6 +9,7 @@ carrying the old mix; an all-miss hold does not freeze a move under way half-don
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -17,7 +18,13 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from controlplane.planner.calibration import CalibrationBook, LoadPoint
-from controlplane.planner.derive import BACKLOG_SHIFT, PEAK_DECAY, in_system, with_arrivals
+from controlplane.planner.derive import (
+    BACKLOG_SHIFT,
+    BACKLOG_SIGMAS,
+    PEAK_DECAY,
+    in_system,
+    with_arrivals,
+)
 from controlplane.planner.gate import headroom_only, mix_settled
 from controlplane.planner.placement import WorkerInput
 from controlplane.planner.planner import LoadInput, plan_model
@@ -42,9 +49,10 @@ def test_arrivals_are_the_finished_plus_the_change_in_what_is_held(rate, before,
     load = LoadInput(rate, rate, 1000, None, 200, 0.0)
     out, note = with_arrivals(load, now, before, window, peak)
     arriving = max(rate + (now - before) / window, 0.0)
-    if abs(arriving - rate) <= BACKLOG_SHIFT * rate:
-        # Within the shift the finished rate stands: a few requests more or less held is
-        # noise beside it.
+    if abs(arriving - rate) <= BACKLOG_SHIFT * rate or abs(now - before) <= \
+            BACKLOG_SIGMAS * math.sqrt(2 * rate * window):
+        # Within the shift, or within the count noise of a steady window, the finished
+        # rate stands: a few requests more or less held is noise beside it.
         assert out is load and note == ""
         return
     assert out.rate_rps == pytest.approx(arriving)
@@ -55,6 +63,14 @@ def test_arrivals_are_the_finished_plus_the_change_in_what_is_held(rate, before,
     assert ("filling" if now > before else "draining") in note
     # Nothing else about the load changes.
     assert replace(out, rate_rps=rate, peak_rps=rate) == load
+
+
+def test_a_burst_within_the_count_noise_is_not_a_backlog():
+    # The demo's RAG at ~6 req/s, a 20 s window: 126 finished, 36 more held.
+    load = LoadInput(126 / 20, 126 / 20, 4000, None, 300, 0.3)
+    assert with_arrivals(load, 69, 33, 20.0, 6.0) == (load, "")
+    # The same window with 60 more held is a backlog.
+    assert with_arrivals(load, 93, 33, 20.0, 6.0)[1]
 
 
 def test_arrivals_need_a_previous_count_a_window_and_traffic():
