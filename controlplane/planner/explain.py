@@ -149,7 +149,16 @@ def explain_decision(d: ModelDecision) -> str:
         lines.append(f"Ruled out {layout}: {why}.")
     if ch is not None and tgt is not None:
         lines.append(f"Binding constraint of {tgt.layout}: {tgt.bottleneck}.")
-    lines.append(_verdict(d, obs, gv, sv, ch))
+    verdict = _verdict(d, obs, gv, sv, ch)
+    lines.append(verdict)
+    if rec.alert == "all-layouts-miss" and "predicted to miss" not in verdict and (
+            "no layout is predicted to keep" not in verdict):
+        # The alert fires whichever rule decided (finishing a move under way, a policy
+        # bound, the KV check on a step): say why.
+        best = (f" (the best, {ch.best_layout}, keeps {ch.best_attainment:.0%} within "
+                f"targets, limited by {ch.binding})" if ch is not None else "")
+        lines.append(f"Every layout is predicted to miss the targets{best}; an alert is "
+                     "raised.")
     lines.extend(note.rstrip(".") + "." for note in d.notes)
     return " ".join(x for x in lines if x)
 
