@@ -31,6 +31,16 @@ MIN_FACTOR = 0.5
 MAX_FACTOR = 2.0
 STABLE_SHIFT = 0.25  # largest relative change of rate/lengths between cycles to compare
 _ISL_EDGES = (512, 2048, 8192, 32768)
+
+
+def first_token_shift(first_token_isl, isl_mean: float) -> float | None:
+    """How far the mean prompt of the requests whose first token came in the window is from
+    the load's (finished requests'), relative to the load's; None when either is unknown.
+    Past :data:`STABLE_SHIFT`, a mix is still arriving: the finished requests trail it."""
+    if not (isinstance(first_token_isl, int | float) and math.isfinite(first_token_isl)
+            and first_token_isl > 0 and isl_mean > 0):
+        return None
+    return abs(first_token_isl - isl_mean) / isl_mean
 _OSL_EDGES = (128, 512, 2048)
 
 
@@ -200,9 +210,7 @@ class CalibrationBook:
         key = bucket_of(load.isl_mean, load.osl_mean, load.rate_rps)
         cal = self.buckets.get(key, Calibration())
         shift = load.shift_from(self.last)
-        arriving = (abs(measured_isl - load.isl_mean) / max(load.isl_mean, 1e-9)
-                    if isinstance(measured_isl, int | float) and math.isfinite(measured_isl)
-                    and measured_isl > 0 and load.isl_mean > 0 else 0.0)
+        arriving = first_token_shift(measured_isl, load.isl_mean) or 0.0
         if key != self.last_bucket:
             self.skipped = f"mix shift ({self.last_bucket or 'none'} → {key})"
         elif arriving > STABLE_SHIFT:

@@ -149,12 +149,12 @@ def explain_decision(d: ModelDecision) -> str:
         lines.append(f"Ruled out {layout}: {why}.")
     if ch is not None and tgt is not None:
         lines.append(f"Binding constraint of {tgt.layout}: {tgt.bottleneck}.")
-    verdict = _verdict(d, obs, gv, sv, ch)
-    lines.append(verdict)
-    if rec.alert == "all-layouts-miss" and "predicted to miss" not in verdict and (
-            "no layout is predicted to keep" not in verdict):
+    lines.append(_verdict(d, obs, gv, sv, ch))
+    if rec.alert == "all-layouts-miss" and gv is not None and (
+            gv.reason != "all-layouts-miss" and "no layout is predicted" not in gv.detail):
         # The alert fires whichever rule decided (finishing a move under way, a policy
-        # bound, the KV check on a step): say why.
+        # bound, the KV check on a step); the all-miss hold and a move past it
+        # (gate.py's miss note) say why themselves.
         best = (f" (the best, {ch.best_layout}, keeps {ch.best_attainment:.0%} within "
                 f"targets, limited by {ch.binding})" if ch is not None else "")
         lines.append(f"Every layout is predicted to miss the targets{best}; an alert is "

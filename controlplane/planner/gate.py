@@ -7,11 +7,10 @@ price a move and track the load regime live in :mod:`.dwell`.
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from .calibration import STABLE_SHIFT
+from .calibration import STABLE_SHIFT, first_token_shift
 from .costmodel import Prediction
 from .dwell import (
     explained_breach,
@@ -380,10 +379,8 @@ def headroom_only(inp: ModelInput, obs: Observation, ref_now: Prediction,
 def mix_settled(load) -> bool:
     """The window's first tokens came from prompts of the load's mean length (within the
     calibration's stable shift): the mix the load describes is the one arriving."""
-    first = load.first_token_isl
-    if not isinstance(first, int | float) or not math.isfinite(first) or first <= 0:
-        return False
-    return abs(first - load.isl_mean) <= STABLE_SHIFT * max(load.isl_mean, 1e-9)
+    shift = first_token_shift(load.first_token_isl, load.isl_mean)
+    return shift is not None and shift <= STABLE_SHIFT
 
 
 def _origin(mem: MoveMemory | None) -> int:

@@ -7,30 +7,19 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-import uuid
 
 import pytest
 from django.utils import timezone
 
-from controlplane.planner import inputs as planner_inputs
 from controlplane.planner.inputs import gather_cluster
 from controlplane.planner.models import ModelPlannerState
-from controlplane.telemetry import hotstate
 from controlplane.topology.models import Worker
+
+# A private hot-state prefix, no Prometheus (autouse where imported).
+from tests.integration.test_local_prefill_share_live import redis_prefix  # noqa: F401
 from tests.integration.test_planner_apply import h200_cluster, write_hot_state  # noqa: F401
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture(autouse=True)
-def redis_prefix(settings):
-    settings.TELEMETRY_REDIS_PREFIX = f"test:arr:{uuid.uuid4().hex[:8]}:"
-    settings.PROMETHEUS_URL = None
-    planner_inputs._reader = None
-    yield settings.TELEMETRY_REDIS_PREFIX
-    client = hotstate.sync_redis()
-    for key in client.scan_iter(settings.TELEMETRY_REDIS_PREFIX + "*"):
-        client.delete(key)
 
 
 def _report(waiting: int):
