@@ -45,6 +45,19 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports: every socket stays bound until all are picked (two
+    free_port() calls can return the same port, the first closed before the second binds)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
 def wait_until(predicate, timeout: float = WAIT_S, interval: float = 0.2,
                what: str = "condition"):
     """Until ``predicate()`` is truthy; returns that value, or fails naming ``what`` and the

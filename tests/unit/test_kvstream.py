@@ -18,7 +18,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.prefix_index import PreciseIndex
 from gateway.statictable import static_table
 from gateway.table import parse
-from tests.conftest import WAIT_S, free_port
+from tests.conftest import WAIT_S, free_ports
 from workers_agent.collectors.kv_events import KVEventSubscriber
 from workers_agent.kvstream import BlockStored, KvStream, decode_batch
 from workers_agent.sim.kvevents import KvEventPublisher
@@ -217,7 +217,7 @@ def test_gateway_subscriber_restart_stray_and_stall_with_real_zmq():
 
 
 async def _gateway_scenario():
-    pub_port, replay_port = free_port(), free_port()
+    pub_port, replay_port = free_ports(2)
     pub = await started_publisher(pub_port, replay_port)
     index = PreciseIndex()
     metrics = GatewayMetrics()
@@ -282,7 +282,7 @@ def test_agent_subscriber_survives_a_stray_huge_sequence_and_reports_stalls():
 
 
 async def _agent_scenario():
-    pub_port, replay_port = free_port(), free_port()
+    pub_port, replay_port = free_ports(2)
     pub = await started_publisher(pub_port, replay_port)
     sub = KVEventSubscriber(f"tcp://127.0.0.1:{pub_port}", f"tcp://127.0.0.1:{replay_port}",
                             tail_check_s=0.2, probe_interval_s=0.4, replay_timeout_s=0.3)

@@ -12,7 +12,7 @@ import pytest
 
 from gateway.adapters.router_sync import client_for, sync_once
 from gateway.statictable import table_from_sim_endpoints
-from tests.conftest import WAIT_S, free_port, require_system_part, stop_process, wait_for_port
+from tests.conftest import WAIT_S, free_ports, require_system_part, stop_process, wait_for_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -29,7 +29,7 @@ def test_adapter_keeps_router_workers_in_sync(kind, sim_fleet):
                             "sglang-router; PDPLANE_PEERS_BIN=its output)")
     fleet = sim_fleet([("a", "both"), ("b", "both")])
     urls = {e["id"]: e["api_url"] for e in fleet.endpoints["engines"]}
-    port, metrics_port = free_port(), free_port()
+    port, metrics_port = free_ports(2)
     cmd = [str(binary)] + (["launch"] if kind == "sglang-router" else []) + [
         "--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(metrics_port),
         "--worker-urls", urls["a"], "--policy", "round_robin"]
