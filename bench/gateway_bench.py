@@ -6,7 +6,9 @@ caches), the first N requests of the Mooncake synthetic trace replayed through t
 engines' /metrics, TTFT p50/p95, failures.
 
 Phase 2 (added latency): a near-zero-latency stub backend, called directly and through each
-router; added latency = percentile through the router − percentile direct.
+router; added latency = percentile through the router − percentile direct. With both
+``pdplane`` and ``sglang-router`` run, the JSON's ``latency.goal`` judges issue 19's goal
+per mode and concurrency, on the medians and round by round (:func:`latency_goal`).
 
 Routers: ``pdplane`` (this gateway, approximate prefix index), ``pdplane-events`` (plus KV
 events and /tokenize for exact matching), ``round-robin`` (vllm-router's), ``vllm-router``
@@ -379,8 +381,53 @@ def run_latency(args, names: list[str], workdir: Path) -> dict:
             row["added_p99_ms"] = _median([v[1] - d[1] for v, d in zip(values, direct,
                                                                          strict=True)]) * 1e3
         rows.append(row)
-    return {"rows": rows, "by_key": {f"{r['router']}_{r['mode']}_c{r['concurrency']}": r
-                                     for r in rows}}
+    out = {"rows": rows, "by_key": {f"{r['router']}_{r['mode']}_c{r['concurrency']}": r
+                                    for r in rows}}
+    goal = latency_goal(samples)
+    if goal:
+        out["goal"] = goal
+    return out
+
+
+# Issue 19's latency goal, against sglang-router cache_aware: added p50 at most its own at
+# c=8 and c=64 and at most C1_P50_MS at c=1; added p99 at most P99_RATIO × its own.
+C1_P50_MS = 0.35
+P99_RATIO = 1.5
+PEER = "sglang-router"
+
+
+def _added(values: list, direct: list, q: int) -> list[float]:
+    """Per round, ms: the router's percentile ``q`` (0: p50, 1: p99) less direct's."""
+    return [(v[q] - d[q]) * 1e3 for v, d in zip(values, direct, strict=True)]
+
+
+def latency_goal(samples: dict, router: str = "pdplane", peer: str = PEER) -> dict:
+    """Per mode and concurrency: the goal judged on the medians (as the rows report them)
+    and in how many rounds it held. A round's added latency is that round's percentile
+    minus the same round's direct one, so each round is a verdict of its own: on a shared
+    2-core box one run's medians can sit on either side of a gap of a tenth of a
+    millisecond, and the count says how often. Empty when either router did not run."""
+    goal = {}
+    for (name, mode, c), ours in samples.items():
+        if name != router or (peer, mode, c) not in samples:
+            continue
+        theirs, direct = samples[(peer, mode, c)], samples[("direct", mode, c)]
+
+        ours50, theirs50 = _added(ours, direct, 0), _added(theirs, direct, 0)
+        ours99, theirs99 = _added(ours, direct, 1), _added(theirs, direct, 1)
+        p50_ok = [a <= C1_P50_MS if c == 1 else a <= b for a, b in zip(ours50, theirs50,
+                                                                      strict=True)]
+        p99_ok = [a <= P99_RATIO * max(b, 0.0) for a, b in zip(ours99, theirs99, strict=True)]
+        m50, m99 = _median(ours50), _median(ours99)
+        goal[f"{mode}_c{c}"] = {
+            "p50_limit_ms": C1_P50_MS if c == 1 else round(_median(theirs50), 4),
+            "p99_limit_ms": round(P99_RATIO * max(_median(theirs99), 0.0), 4),
+            "p50_met": m50 <= (C1_P50_MS if c == 1 else _median(theirs50)),
+            "p99_met": m99 <= P99_RATIO * max(_median(theirs99), 0.0),
+            "p50_rounds_met": sum(p50_ok), "p99_rounds_met": sum(p99_ok),
+            "rounds": len(p50_ok),
+        }
+    return goal
 
 
 def _median(values: list[float]) -> float:
@@ -466,6 +513,11 @@ def main() -> int:
         print(json.dumps(out, indent=2))
     if "latency" in out:
         print_latency_table(out["latency"])
+        for key, g in sorted(out["latency"].get("goal", {}).items()):
+            print(f"goal {key}: p50 {'met' if g['p50_met'] else 'NOT met'} "
+                  f"({g['p50_rounds_met']} of {g['rounds']} rounds), p99 "
+                  f"{'met' if g['p99_met'] else 'NOT met'} ({g['p99_rounds_met']} of "
+                  f"{g['rounds']} rounds)")
     return 0
 
 
