@@ -4,13 +4,23 @@ where (the approximate index). Without it every process sees only its own share 
 traffic and double-books workers.
 
 A small bus over ZMQ on ipc:// sockets: each process binds one PUB socket and subscribes to
-every sibling's; what one event-loop turn produced goes out as one batch. Messages
-(msgpack): ``["load", worker, d_prefill, d_decode, d_in_flight]`` (the deltas a
-Reservation applies), ``["route", model, worker, [chunk hashes]]`` (what
-``ApproxPrefixIndex.record`` was told), ``["table", raw]`` (a pushed table lands on one
-process of the group; the others apply it from here), plus a heartbeat each second. A
-sibling silent for ``dead_after_s`` is taken for dead and the load it had added is taken
-back out.
+every sibling's. What a process produced over ``FLUSH_S`` goes out as one batch, its load
+deltas summed per worker. Messages (msgpack): ``["load", worker, booked, d_prefill,
+d_decode, d_in_flight, finished]`` (the sum of the deltas Reservations applied to one worker
+since the last batch; ``booked``/``finished``: whether a prefill was booked or finished
+there, which moves the queue's start as in gateway/load.py), ``["route", model, worker,
+[chunk hashes]]`` (what ``ApproxPrefixIndex.record`` was told), ``["table", raw]`` (a pushed
+table lands on one process of the group; the others apply it from here), plus a heartbeat
+each second. A sibling silent for ``dead_after_s`` is taken for dead and the load it had
+added is taken back out.
+
+Why a time batch and sums: a message costs both sides a wake-up, and a request makes five
+(two bookings, a finished prefill, a release, a route). Sent every event-loop turn, the
+bus doubled the CPU a request costs (docs/benchmarks.md, issue 19: 0.26 against 0.10 ms
+at 8 in flight on two cores; 0.15 ms with 10 ms batches). ``FLUSH_S`` (10 ms; the
+``PDPLANE_GATEWAY_BUS_FLUSH_S`` environment variable) is about one decode step of an
+engine: a sibling's view of the load is at most that old, against requests that last from
+a fraction of a second to minutes, and each process sees its own bookings at once.
 KV events need no sharing: every process subscribes to the engines' streams itself.
 """
 
@@ -31,6 +41,7 @@ import zmq.asyncio
 
 log = logging.getLogger(__name__)
 HEARTBEAT_S = 1.0
+FLUSH_S = float(os.environ.get("PDPLANE_GATEWAY_BUS_FLUSH_S", "0.01"))  # module doc
 
 
 def bus_endpoint(port: int, index: int, base: str | None = None) -> str:
@@ -56,6 +67,10 @@ class PeerBus:
         self.last_heard: dict[int, float] = {}
         self.received = 0
         self._outbox: list[list] = []
+        # Load deltas since the last batch, per worker: [booked, d_prefill, d_decode,
+        # d_in_flight, finished] (module doc).
+        self._loads: dict[str, list] = {}
+        self._routes: set[tuple] = set()  # routes in the batch being gathered
         self._flush_scheduled = False
         self._tasks: list[asyncio.Task] = []
 
@@ -88,27 +103,52 @@ class PeerBus:
 
     # ------------------------------------------------------------------ sending
 
-    def _send(self, message: list) -> None:
-        """Queue a message; everything queued in one event-loop turn goes out as one ZMQ
-        message (a request makes four or five, and a message costs both sides a wake-up)."""
+    def _send(self, message: list | None) -> None:
+        """Queue a message (None: only load deltas are queued); what is queued over
+        ``FLUSH_S`` goes out as one ZMQ message (module doc)."""
         if self.pub is None:
             return
-        self._outbox.append(message)
+        if message is not None:
+            self._outbox.append(message)
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            loop = asyncio.get_running_loop()
+            if FLUSH_S > 0:
+                loop.call_later(FLUSH_S, self._flush)
+            else:
+                loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
         batch, self._outbox = self._outbox, []
+        self._routes.clear()
+        if self._loads:
+            batch.extend(["load", worker, *sums] for worker, sums in self._loads.items())
+            self._loads = {}
         if batch and self.pub is not None:
             with contextlib.suppress(zmq.Again, zmq.ZMQError):
                 self.pub.send(msgpack.packb([self.index, batch]), zmq.NOBLOCK)
 
     def load(self, worker: str, d_prefill: float, d_decode: float, d_in_flight: int) -> None:
-        self._send(["load", worker, d_prefill, d_decode, d_in_flight])
+        sums = self._loads.get(worker)
+        if sums is None:
+            sums = self._loads[worker] = [False, 0.0, 0.0, 0, False]
+        if d_prefill > 0:
+            sums[0] = True
+        elif d_prefill < 0:
+            sums[4] = True
+        sums[1] += d_prefill
+        sums[2] += d_decode
+        sums[3] += d_in_flight
+        self._send(None)
 
     def route(self, model: str, worker: str, hashes: list[bytes]) -> None:
+        # The same prompt sent to the same worker again within one batch teaches a sibling
+        # nothing more: sent once.
+        key = (model, worker, tuple(hashes))
+        if key in self._routes:
+            return
+        self._routes.add(key)
         self._send(["route", model, worker, hashes])
 
     def table(self, raw: bytes) -> None:
@@ -142,11 +182,11 @@ class PeerBus:
         now = self.last_heard[peer] = time.monotonic()
         self.received += 1
         if kind == "load":
-            worker, d_prefill, d_decode, d_in_flight = message[1:5]
+            worker, booked, d_prefill, d_decode, d_in_flight, finished = message[1:7]
             load = self.loads[worker]
             # A sibling's booking starts an empty queue, its finished prefill starts the
             # next one: the queue's start moves as for this process's own (gateway/load.py).
-            if d_prefill < 0 or (d_prefill > 0 and load.prefill_blocks <= 0):
+            if finished or (booked and load.prefill_blocks <= 0):
                 load.prefill_since = now
             load.prefill_blocks = max(load.prefill_blocks + d_prefill, 0.0)
             load.decode_blocks = max(load.decode_blocks + d_decode, 0.0)

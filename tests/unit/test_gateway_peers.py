@@ -63,3 +63,49 @@ def test_two_buses_share_load_routes_and_tables(tmp_path):
                 await bus.close()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.timeout(30)
+def test_a_flush_sends_each_workers_load_deltas_summed_once(tmp_path, monkeypatch):
+    """Bookings and releases made within one flush interval reach a sibling as one message
+    per worker with their sums, and a route once; what they add up to is what the sibling
+    holds."""
+    import msgpack
+
+    import gateway.peers as peers
+
+    monkeypatch.setattr(peers, "FLUSH_S", 0.05)
+
+    async def scenario():
+        bus = PeerBus(0, 2, 9998, loads=defaultdict(WorkerLoad), base=str(tmp_path),
+                      on_route=lambda *a: None)
+        sent = []
+
+        class Pub:
+            def send(self, raw, flags=0):
+                sent.append(msgpack.unpackb(raw))
+
+        bus.pub = Pub()
+        bus.load("w1", 10.0, 0.0, 0)  # request A: prefill queued on w1
+        bus.load("w2", 0.0, 20.0, 1)  # ... and decoding on w2
+        bus.load("w1", 4.0, 0.0, 0)  # request B behind it
+        bus.load("w1", -10.0, 0.0, 0)  # A's prefill done
+        bus.route("m", "w2", [b"h"])
+        bus.route("m", "w2", [b"h"])  # the same prompt again: sent once
+        assert sent == []  # nothing before the interval ends
+        await asyncio.sleep(0.2)
+        assert len(sent) == 1
+        peer, batch = sent[0]
+        assert peer == 0 and [m for m in batch if m[0] == "route"] == [
+            ["route", "m", "w2", [b"h"]]]
+        loads = [m for m in batch if m[0] == "load"]
+        assert sorted(loads) == [["load", "w1", True, 4.0, 0.0, 0, True],
+                                 ["load", "w2", False, 0.0, 20.0, 1, False]]
+        sibling = defaultdict(WorkerLoad)
+        other = PeerBus(1, 2, 9998, loads=sibling, on_route=lambda *a: None)
+        for message in batch:
+            other.apply(0, message)
+        assert sibling["w1"].prefill_blocks == 4.0 and sibling["w2"].in_flight == 1
+
+    asyncio.run(scenario())
+

@@ -92,11 +92,17 @@ def test_the_drained_queue_stays_within_the_booked_one_and_only_falls(booked, ra
 def test_a_siblings_booking_and_finished_prefill_move_the_queues_start():
     loads = defaultdict(WorkerLoad)
     bus = PeerBus(0, 2, 9999, loads=loads, on_route=lambda *a: None)
-    bus.apply(1, ["load", "w", 10.0, 0.0, 0])  # a sibling's booking starts the queue
+    # ["load", worker, booked, d_prefill, d_decode, d_in_flight, finished] (gateway/peers.py)
+    bus.apply(1, ["load", "w", True, 10.0, 0.0, 0, False])  # a booking starts the queue
     started = loads["w"].prefill_since
     assert started > 0 and loads["w"].prefill_blocks == 10.0
     loads["w"].prefill_since = 1.0
-    bus.apply(1, ["load", "w", 5.0, 0.0, 0])  # queued behind: the start stays
+    bus.apply(1, ["load", "w", True, 5.0, 0.0, 0, False])  # queued behind: the start stays
     assert loads["w"].prefill_since == 1.0
-    bus.apply(1, ["load", "w", -10.0, 0.0, 0])  # its prefill done: the next starts now
+    bus.apply(1, ["load", "w", False, -10.0, 0.0, 0, True])  # done: the next starts now
     assert loads["w"].prefill_since >= started and loads["w"].prefill_blocks == 5.0
+    # A batch that booked and finished on the same worker (net +2 blocks): a prefill
+    # finished there, so the next one's start moves too.
+    loads["w"].prefill_since = 1.0
+    bus.apply(1, ["load", "w", True, 2.0, 0.0, 0, True])
+    assert loads["w"].prefill_since > 1.0 and loads["w"].prefill_blocks == 7.0
