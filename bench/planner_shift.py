@@ -73,6 +73,7 @@ from controlplane.planner.costmodel import DEFAULT_PARAMS  # noqa: E402
 from controlplane.planner.derive import (  # noqa: E402
     LoadSmoother,
     carry_mix,
+    counting_roles,
     derive_load,
     in_system,
     local_prefill_share,
@@ -150,11 +151,17 @@ class ProductLoop:
         # per engine that streamed the answer (counted when a request finishes).
         fin: dict[str, list[int]] = {}
         # Prefill halves an engine finished for another's decode (what its generation-token
-        # histogram's le=1 bucket shows): its finished-request counter counts them too.
+        # histogram's le=1 bucket shows): its finished-request counter counts them too, as
+        # each half finishes (the request's first token, a transfer later), whether or not
+        # the answer has ended within the window. Counted at the answer's end instead, a
+        # worker that had just begun prefilling for others read its own finishes twice.
         halves: dict[str, int] = {}
-        for r in snap.recent_results:
-            if r.error is None and r.prefill_engine and r.prefill_engine != r.decode_engine:
+        for r in (*snap.recent_results, *snap.inflight_results):
+            if (r.error is None and r.prefill_engine and r.prefill_engine != r.decode_engine
+                    and r.first_token_time is not None
+                    and snap.now - dt <= r.first_token_time < snap.now):
                 halves[r.prefill_engine] = halves.get(r.prefill_engine, 0) + 1
+        for r in snap.recent_results:
             if r.error is None and r.decode_engine:
                 acc = fin.setdefault(r.decode_engine, [0, 0])
                 acc[0] += r.prompt_tokens
@@ -231,7 +238,7 @@ class ProductLoop:
                 running=e.inflight_decode + e.inflight_prefill, waiting=e.stats.num_waiting,
                 kv_usage=e.stats.kv_usage,
             ))
-        roles = {w.id: w.role for w in workers}
+        roles = counting_roles(workers, now, snap.interval_s)  # as the live path counts
         peak_before = self.peak
         dl = derive_load(wstates, roles, 256, self.peak)
         self.peak = dl.peak_rps
@@ -255,7 +262,9 @@ class ProductLoop:
         # As the live path (inputs.gather_cluster): the rate requests arrive at, when a
         # backlog fills or drains.
         held = in_system(workers)
-        load, backlog = with_arrivals(load, held, self.held, snap.interval_s, peak_before)
+        # The window's own finished rate (not the smoothed one) in the conservation sum.
+        load, backlog = with_arrivals(load, held, self.held, snap.interval_s, peak_before,
+                                      finished_rps=dl.rate_rps)
         self.held = held
         if backlog:
             self.peak = load.peak_rps

@@ -255,6 +255,29 @@ class LoadSmoother:
             return cls()
 
 
+def counting_roles(workers, now: float, window_s: float) -> dict:
+    """Worker id → the role its finished requests are counted under (the ``roles`` of
+    :func:`derive_load` and of the engines' merged histograms): its role, but ``"both"``
+    while it drains and when its role changed within the last ``window_s`` seconds.
+    ``workers``: anything with ``id``, ``role``, ``state`` and ``changed_at`` (epoch seconds
+    or None; the planner's ``WorkerInput``).
+
+    A worker that is leaving decode for prefill still finishes the answers it was
+    decoding, and the window's counters hold them after its drain too. Counted under its
+    new role, they went missing: four workers leaving decode mid-move in the demo read 3.95
+    finished requests a second for a window where 152 finished in 20 s (7.6/s), and the
+    arriving rate built on it read 0. As "both" its finishes count with its prefill halves
+    taken out (``prefill_only_requests_per_s``, the generation histogram's le=1 bucket),
+    which is what a worker serving both kinds at once needs (issue 17)."""
+    out = {}
+    for w in workers:
+        changed = getattr(w, "changed_at", None)
+        moving = getattr(w, "state", "") == "draining" or (
+            changed is not None and now - changed < window_s)
+        out[w.id] = "both" if moving else w.role
+    return out
+
+
 def in_system(workers) -> int:
     """Requests the engines hold now, running or waiting, over every worker (anything with
     ``running`` and ``waiting``: the planner's ``WorkerInput``). Under P/D a request is
@@ -273,12 +296,16 @@ BACKLOG_SIGMAS = 3.0
 
 
 def with_arrivals(load: L, held_now: int, held_before: int | None, window_s: float,
-                  peak_before: float) -> tuple[L, str]:
+                  peak_before: float, finished_rps: float | None = None) -> tuple[L, str]:
     """(load, note): the load at the rate requests *arrive*, by conservation — those that
     finished in the window plus the change in those the engines hold — when that differs
-    from the finished rate by more than :data:`BACKLOG_SHIFT`. ``load`` is any dataclass
+    from the load's rate by more than :data:`BACKLOG_SHIFT`. ``load`` is any dataclass
     with ``rate_rps`` and ``peak_rps`` (the planner's ``LoadInput``); ``peak_before`` is the
     decaying peak as it was before this window, so that the peak follows the arrivals too.
+    ``finished_rps``: the rate requests finished at in this same window, where the load's
+    rate is something else (a smoothed rate, as bench/planner_shift.py's loop keeps): the
+    conservation sum is over one window, so its two terms must be that window's. Default:
+    the load's rate (the live path plans on each window's rate as derived).
 
     Finished requests are what a fleet *serves*. In a surge past its capacity that is the
     capacity, not the load: four H200 servers at 4× Mooncake, aggregated, finished 324
@@ -294,16 +321,17 @@ def with_arrivals(load: L, held_now: int, held_before: int | None, window_s: flo
     where 126 finished, 36 more were held — under 3σ = 47 — and read as 7.9 req/s it moved
     the fleet for a phase that had not changed)."""
     rate = float(getattr(load, "rate_rps", 0.0) or 0.0)
-    if held_before is None or not window_s > 0 or rate <= 0:
+    finished = rate if finished_rps is None else max(float(finished_rps), 0.0)
+    if held_before is None or not window_s > 0 or rate <= 0 or finished <= 0:
         return load, ""
     change = held_now - held_before
-    arriving = max(rate + change / window_s, 0.0)
+    arriving = max(finished + change / window_s, 0.0)
     if abs(arriving - rate) <= BACKLOG_SHIFT * rate or (
-            abs(change) <= BACKLOG_SIGMAS * math.sqrt(2.0 * rate * window_s)):
+            abs(change) <= BACKLOG_SIGMAS * math.sqrt(2.0 * finished * window_s)):
         return load, ""
     peak = max(arriving, float(peak_before or 0.0) * PEAK_DECAY)
     grew = held_now > held_before
     return replace(load, rate_rps=arriving, peak_rps=peak), (
         f"requests {'arrive' if grew else 'arrived'} at {arriving:.2f}/s, not the "
-        f"{rate:.2f}/s that finished: the engines hold {held_now:,} against {held_before:,} "
+        f"{finished:.2f}/s that finished: the engines hold {held_now:,} against {held_before:,} "
         f"{window_s:g} s ago (a backlog {'filling' if grew else 'draining'})")

@@ -6,6 +6,7 @@ The planner core never sees Django objects; this module is the only place that r
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from dataclasses import dataclass, replace
 from typing import NamedTuple
@@ -23,6 +24,7 @@ from .derive import (
     PEAK_DECAY,
     _num,
     carry_mix,
+    counting_roles,
     derive_load,
     in_system,
     local_prefill_share,
@@ -187,7 +189,10 @@ def gather_cluster(cluster: Cluster) -> ClusterInputs:
                 kv_usage=_num(hs, "kv_usage"),
                 stale=(hs is None or bool(hs.get("stale")) or w.node_id in stale_nodes),
             ))
-        roles = {w.pk: w.desired_role for w in workers}
+        # Finished requests are counted under these roles: a worker changing role counts as
+        # "both" while its old kind's requests can still finish in the window.
+        roles = counting_roles(winputs, time.time(), max(float(policy.rebalance_interval_s),
+                                                         10.0))
         peak_before = state.peak_rps
         load = _load(sm, state, wstates, roles)
         ttft, itl, source = measured_latency(sm, wstates)
