@@ -376,10 +376,8 @@ def run_latency(args, names: list[str], workdir: Path) -> dict:
         if name != "direct":
             # CPU the router spent per request: unlike latency, barely moved by a busy box.
             row["cpu_ms_per_request"] = _median([v[2] for v in values]) * 1e3
-            row["added_p50_ms"] = _median([v[0] - d[0] for v, d in zip(values, direct,
-                                                                         strict=True)]) * 1e3
-            row["added_p99_ms"] = _median([v[1] - d[1] for v, d in zip(values, direct,
-                                                                         strict=True)]) * 1e3
+            row["added_p50_ms"] = _median(_added(values, direct, 0))
+            row["added_p99_ms"] = _median(_added(values, direct, 1))
         rows.append(row)
     out = {"rows": rows, "by_key": {f"{r['router']}_{r['mode']}_c{r['concurrency']}": r
                                     for r in rows}}
@@ -418,12 +416,11 @@ def latency_goal(samples: dict, router: str = "pdplane", peer: str = PEER) -> di
         p50_ok = [a <= C1_P50_MS if c == 1 else a <= b for a, b in zip(ours50, theirs50,
                                                                       strict=True)]
         p99_ok = [a <= P99_RATIO * max(b, 0.0) for a, b in zip(ours99, theirs99, strict=True)]
-        m50, m99 = _median(ours50), _median(ours99)
+        p50_limit = C1_P50_MS if c == 1 else _median(theirs50)
+        p99_limit = P99_RATIO * max(_median(theirs99), 0.0)
         goal[f"{mode}_c{c}"] = {
-            "p50_limit_ms": C1_P50_MS if c == 1 else round(_median(theirs50), 4),
-            "p99_limit_ms": round(P99_RATIO * max(_median(theirs99), 0.0), 4),
-            "p50_met": m50 <= (C1_P50_MS if c == 1 else _median(theirs50)),
-            "p99_met": m99 <= P99_RATIO * max(_median(theirs99), 0.0),
+            "p50_limit_ms": round(p50_limit, 4), "p99_limit_ms": round(p99_limit, 4),
+            "p50_met": _median(ours50) <= p50_limit, "p99_met": _median(ours99) <= p99_limit,
             "p50_rounds_met": sum(p50_ok), "p99_rounds_met": sum(p99_ok),
             "rounds": len(p50_ok),
         }
