@@ -63,8 +63,11 @@ says overloaded). Hence:
   not in ``--quick``, which must stay under a minute);
   one still shorter is **censored**: counted in ``short_window_cells``, left out of the
   share error and of the rank correlation (its case in ``rank_corr_censored_cases``);
-* ``calibration_factor_range`` is the range of simulated ÷ predicted p95 over the stable
-  cells: where the online calibration's EWMA would settle in steady state.
+* ``calibration_factor_range`` is the range of simulated ÷ predicted over the stable cells
+  of what the online calibration compares — TTFT p95 and the mean token gap
+  (``controlplane.planner.service._calibrate``): where its EWMA would settle in steady
+  state; ``calibration_factors_in_band`` counts those in [0.67, 1.5]; ``p95_ratio_range``
+  is the same over both p95s (the field's meaning before the calibration compared means).
 
 The model gets the run's measured workload statistics: rate, prompt-length mean and p95,
 the p95 of uncached prompt tokens, answer mean, prefix hit rate, the share of requests the
@@ -260,6 +263,9 @@ def simulate(cluster: dict, wl, slo: dict, n_prefill: int, trace: bool = False,
     return {
         "ttft_p95_s": (s.ttft_ms.get("p95") or 0) / 1000 if s.ttft_ms.get("p95") else None,
         "itl_p95_s": percentile(itl_window, 95) if itl_window else None,
+        # The mean token gap over the same gaps: what the online calibration compares for
+        # ITL (controlplane.planner.service._calibrate, the merged histogram's sum ÷ count).
+        "itl_mean_s": mean_itl or None,
         "share": share,
         "goodput_rps": share * len(late) / span,
         # The same over every token gap, drain after the last arrival included.
@@ -350,6 +356,7 @@ def predict_cell(cluster: dict, slo: dict, stats: dict, n_prefill: int) -> dict:
     p = predict(inp, n_prefill, workload, Topology(workers, links))
     return {"ttft_p95_s": None if math.isinf(p.ttft_p95_s) else p.ttft_p95_s,
             "itl_p95_s": None if math.isinf(p.itl_p95_s) else p.itl_p95_s,
+            "itl_mean_s": None if math.isinf(p.itl_mean_s) else p.itl_mean_s,
             "share": p.attainment, "goodput_rps": p.goodput_rps, "overloaded": p.overloaded,
             "layout": p.layout, "utilisation": p.utilisation, "bottleneck": p.bottleneck,
             "capacity_rps": None if math.isinf(p.capacity_rps) else p.capacity_rps}
@@ -466,10 +473,25 @@ def _pred_key(c: dict, headroom: bool = False) -> tuple:
     return (round(pred["share"] * c["sim"]["requests"]), 0.0)
 
 
+FACTOR_BAND = (0.67, 1.5)  # issue 16: where a steady-state calibration factor must stay
+
+
+def calibration_factors(sim: dict, pred: dict) -> dict:
+    """Where the online calibration's EWMA would settle on this cell in steady state:
+    measured ÷ predicted for what it compares (controlplane.planner.service._calibrate) —
+    TTFT p95, and the mean token gap for ITL (a gap p95 jumps between a pure decode step
+    and one carrying a prefill chunk when ~5 % of steps carry one)."""
+    out = {}
+    for name, key in (("ttft", "ttft_p95_s"), ("itl", "itl_mean_s")):
+        if pred.get(key) and sim.get(key):
+            out[name] = sim[key] / pred[key]
+    return out
+
+
 def summarise(cells: list[dict]) -> dict:
     """Scores (see the module docstring): p95 errors on the cells both sides call stable,
     overload agreement on all, share error on all but those both call overloaded."""
-    ttft, itl, share, factors = [], [], [], []
+    ttft, itl, share, factors, p95_ratios = [], [], [], [], []
     confusion = {"both_stable": 0, "both_overloaded": 0, "pred_only": 0, "sim_only": 0}
     cases: dict = {}
     for c in cells:
@@ -492,7 +514,9 @@ def summarise(cells: list[dict]) -> dict:
             itl.append(c["itl_err"])
             for k in ("ttft_p95_s", "itl_p95_s"):
                 if pred[k] and sim[k]:
-                    factors.append(sim[k] / pred[k])
+                    p95_ratios.append(sim[k] / pred[k])
+            c["calibration_factors"] = calibration_factors(sim, pred)
+            factors.extend(c["calibration_factors"].values())
         cases.setdefault((c["cluster"], c["workload"], c["load"]), []).append(c)
     corrs, ties, cut, old = {}, [], [], {}
     for key, cs in cases.items():
@@ -531,6 +555,12 @@ def summarise(cells: list[dict]) -> dict:
         "rank_corr_tied_cases": ties,
         "rank_corr": corrs,
         "calibration_factor_range": [min(factors), max(factors)] if factors else None,
+        "calibration_factors_in_band": sum(1 for f in factors if FACTOR_BAND[0] <= f
+                                           <= FACTOR_BAND[1]),
+        "calibration_factors": len(factors),
+        # Both p95s' ratios (what this field held before the calibration compared mean
+        # token gaps for ITL): kept to show the knife-edge ITL p95s the mean avoids.
+        "p95_ratio_range": [min(p95_ratios), max(p95_ratios)] if p95_ratios else None,
     }
 
 
