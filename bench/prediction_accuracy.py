@@ -63,8 +63,8 @@ says overloaded). Hence:
   not in ``--quick``, which must stay under a minute);
   one still shorter is **censored**: counted in ``short_window_cells``, left out of the
   share error and of the rank correlation (its case in ``rank_corr_censored_cases``);
-* ``calibration_factor_range`` is the range of simulated ÷ predicted over the stable cells
-  of what the online calibration compares — TTFT p95 and the mean token gap
+* ``calibration_factor_range`` is the range of simulated ÷ predicted over the stable,
+  uncensored cells of what the online calibration compares — TTFT p95 and the mean token gap
   (``controlplane.planner.service._calibrate``): where its EWMA would settle in steady
   state; ``calibration_factors_in_band`` counts those in [0.67, 1.5]; ``p95_ratio_range``
   is the same over both p95s (the field's meaning before the calibration compared means).
@@ -515,7 +515,9 @@ def summarise(cells: list[dict]) -> dict:
             for k in ("ttft_p95_s", "itl_p95_s"):
                 if pred[k] and sim[k]:
                     p95_ratios.append(sim[k] / pred[k])
-            c["calibration_factors"] = calibration_factors(sim, pred)
+            # A censored run is a transient (its decode batch never filled): no steady
+            # state for an EWMA to settle on.
+            c["calibration_factors"] = {} if c["censored"] else calibration_factors(sim, pred)
             factors.extend(c["calibration_factors"].values())
         cases.setdefault((c["cluster"], c["workload"], c["load"]), []).append(c)
     corrs, ties, cut, old = {}, [], [], {}

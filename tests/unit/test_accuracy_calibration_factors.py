@@ -39,3 +39,14 @@ def test_a_cell_without_mean_gaps_scores_ttft_only():
     assert set(c["calibration_factors"]) == {"ttft"}
     assert out["calibration_factor_range"] == pytest.approx([1.8, 1.8])
     assert out["calibration_factors_in_band"] == 0
+
+
+def test_a_censored_run_gives_no_factor():
+    # The window is shorter than one request's life: a transient, not a steady state.
+    c = _cell({"ttft_p95_s": 1.4, "itl_p95_s": 0.4, "itl_mean_s": 0.19, "window_s": 1.3,
+               "lifetime_s": 57.0},
+              {"ttft_p95_s": 1.5, "itl_p95_s": 0.02, "itl_mean_s": 0.04})
+    out = pa.summarise([c])
+    assert c["calibration_factors"] == {}
+    assert out["calibration_factor_range"] is None
+    assert out["p95_ratio_range"] == pytest.approx([1.4 / 1.5, 20.0])
