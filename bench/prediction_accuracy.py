@@ -301,6 +301,9 @@ def simulate(cluster: dict, wl, slo: dict, n_prefill: int, trace: bool = False,
                          if trace else None),
         # Share of requests the gateway's router placed by prefix affinity ("kv_prefix").
         "affinity_share": decisions.get("kv_prefix", 0) / routed if routed else 0.0,
+        # How many admitted holders of the best match a followed request was chosen among
+        # (the router takes the cheapest): [holders, share of "kv_prefix" decisions].
+        "affinity_holders": holder_shares(getattr(fleet.router, "affinity_holders", None)),
         # Share of requests whose uncached prompt is short enough for local prefill.
         "local_prefill_share": local,
         "ttft_growth_s": growth,
@@ -344,6 +347,8 @@ def predict_cell(cluster: dict, slo: dict, stats: dict, n_prefill: int) -> dict:
     extra = {"arrival_cv2": stats.get("burst_cv2" if burst else "arrival_cv2", 1.0),
              "uncached_p95": stats.get("uncached_p95"),
              "affinity_share": stats.get("affinity_share"),
+             "affinity_holders": (tuple(map(tuple, stats["affinity_holders"]))
+                                  if stats.get("affinity_holders") else None),
              "burst_rate_rps": stats.get("burst_rate_rps"),
              "burst_span_s": stats.get("burst_span_s"),
              "local_prefill_share": stats.get("local_prefill_share"),
@@ -471,6 +476,12 @@ def _pred_key(c: dict, headroom: bool = False) -> tuple:
     if pred["overloaded"]:
         return (0.0, -1.0 / float(f"{cap:.2g}") if 0 < cap < math.inf else -math.inf)
     return (round(pred["share"] * c["sim"]["requests"]), 0.0)
+
+
+def holder_shares(counts) -> list[list[float]] | None:
+    """[[holders, share], …] of the followed decisions from the router's counter."""
+    total = sum(counts.values()) if counts else 0
+    return [[k, n / total] for k, n in sorted(counts.items())] if total else None
 
 
 FACTOR_BAND = (0.67, 1.5)  # issue 16: where a steady-state calibration factor must stay

@@ -112,6 +112,9 @@ class RoutePlan:
     cached_tokens: int = 0
     scores: list[Scored] = field(default_factory=list)
     ttft_itl_ratio: float = 0.0  # the model's, for LoadReservation's stall weight
+    # For a "kv_prefix" decision: how many admitted workers held the best match (the
+    # router took the cheapest of them; the cost model's dispatch reads the mean).
+    holders: int = 0
 
 
     @property
@@ -255,6 +258,15 @@ def follow_prefix(
     the prompt and that ``bound`` admits (ties: lowest cost), unless in-flight counts are
     imbalanced fleet-wide (max − min > ``imbalance_abs`` AND max > ``imbalance_rel`` × min);
     else None (use the cost)."""
+    got = _followed(scores, match_ratio, loads, min_match, imbalance_abs, imbalance_rel,
+                    bound, request_blocks)
+    return None if got is None else got[0]
+
+
+def _followed(scores, match_ratio, loads, min_match, imbalance_abs, imbalance_rel, bound,
+              request_blocks) -> tuple[Scored, int] | None:
+    """:func:`follow_prefix`'s choice and how many admitted holders of the best match it
+    was chosen from."""
     if len(scores) < 2:
         return None
     holders = [s for s in scores if match_ratio.get(s.worker_id, 0.0) >= max(min_match, 1e-9)]
@@ -274,7 +286,7 @@ def follow_prefix(
             return None
     best = max(match_ratio.get(s.worker_id, 0.0) for s in holders)
     holders = [s for s in holders if match_ratio.get(s.worker_id, 0.0) >= best - 1e-9]
-    return min(holders, key=lambda s: s.cost)
+    return min(holders, key=lambda s: s.cost), len(holders)
 
 
 def transfer_penalty(request_blocks: float, src: WorkerEntry, dst_id: str) -> float:
@@ -309,21 +321,20 @@ def _score(model: ModelRoute, workers: Sequence[WorkerEntry], loads: Mapping[str
 def _choose(model: ModelRoute, scores: list[Scored], active: Sequence[WorkerEntry],
             loads: Mapping[str, WorkerLoad], request_blocks: int, prompt_tokens: int,
             cached_tokens: Mapping[str, int], rng: random.Random,
-            inflow: Mapping[str, float] | None, now: float | None) -> tuple[Scored, bool]:
-    """(chosen, by prefix affinity?): the prefix rule, else the cost (:func:`pick`)."""
+            inflow: Mapping[str, float] | None, now: float | None) -> tuple[Scored, int]:
+    """(chosen, how many holders of the best prefix it was followed among: 0 = not by
+    prefix affinity): the prefix rule, else the cost (:func:`pick`)."""
     if len(scores) > 1:  # one candidate: no prefix to follow, pick draws no random number
         ratios = {w: min(t, prompt_tokens) / prompt_tokens
                   for w, t in cached_tokens.items()} if prompt_tokens > 0 else {}
         bs = model.block_size
         bound = AffinityBound(model.affinity_load_factor, model.affinity_kv_limit,
                               {w.id: w.kv_tokens / bs for w in active if w.kv_tokens > 0}, now)
-        followed = follow_prefix(scores, ratios, loads, min_match=model.prefix_min_match,
-                                 imbalance_abs=model.imbalance_abs,
-                                 imbalance_rel=model.imbalance_rel, bound=bound,
-                                 request_blocks=request_blocks)
+        followed = _followed(scores, ratios, loads, model.prefix_min_match,
+                             model.imbalance_abs, model.imbalance_rel, bound, request_blocks)
         if followed is not None:
-            return followed, True
-    return pick(scores, model.temperature, rng, loads, inflow, model.cache_balance_band), False
+            return followed
+    return pick(scores, model.temperature, rng, loads, inflow, model.cache_balance_band), 0
 
 
 def _only_candidate(model: ModelRoute, w: WorkerEntry, prompt_tokens: int,
@@ -408,11 +419,13 @@ def plan_request(
         if len(pool) == 1 and decoders:
             reason = "only_candidate"
         scores = _score(model, pool, *context, stall_floor, fleet_weight)
-        chosen, followed = _choose(model, scores, active, *context, rng, inflow, now)
-        if followed:
+        chosen, holders = _choose(model, scores, active, *context, rng, inflow, now)
+        if holders:
             reason = "kv_prefix"
-        return _plan(model, chosen.worker_id, None, reason,
-                     int(chosen.cached_blocks * bs), scores)
+        plan = _plan(model, chosen.worker_id, None, reason, int(chosen.cached_blocks * bs),
+                     scores)
+        plan.holders = holders
+        return plan
 
     # P/D: decode first. In conditional mode the decode worker may prefill locally, so its
     # cached prefix counts; in disaggregated mode the decode stage ignores cache credit.

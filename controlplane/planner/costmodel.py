@@ -358,6 +358,10 @@ class Workload:
     # Share of requests the gateway placed by prefix affinity (its routing decisions by
     # reason, "kv_prefix"); None: the upper bound from the hit rate (see affinity_share).
     affinity_share: float | None = None
+    # On how many workers a followed request's prefix was held (the gateway takes the
+    # cheapest admitted holder: it joins the shortest of that many queues, not the one
+    # holder's own): (holders, share of followed requests) pairs. None: one holder each.
+    affinity_holders: tuple[tuple[float, float], ...] | None = None
     # Conditional P/D (the gateway's router in a split): a prompt whose part not cached on
     # its decode worker is at most this many tokens is prefilled there, in decode steps,
     # not in the prefill pool (policy ``local_prefill_max_tokens``); 0 = every prompt goes

@@ -5,6 +5,7 @@ requests see it. Pure arithmetic for :mod:`.layouts`; no dependency on the simul
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from math import exp
 from operator import is_
@@ -21,6 +22,7 @@ from .costmodel import (
 from .distributions import balanced_victims, length_points, local_share_points, miss_mixture
 from .distributions import mixture_p95 as _mixture_p95
 from .distributions import wait_over as _wait_cdf_inv
+from .queueing import jsq_wait
 
 __all__ = ["DEFAULT_PARAMS", "IdMemo", "dispatch_wait", "exposure", "p95_length", "points",
            "prompt_points", "prompt_work", "remote_service", "tail_work", "with_bursts"]
@@ -161,34 +163,54 @@ def dispatch_wait(w: Workload, mean_s: float, workers: int, cv2: float,
     queue: a request routed by load goes to the least-loaded worker, which behaves like one
     shared queue (M/G/c: least work left is FCFS over c servers); one routed by prefix
     affinity goes to the worker holding its prefix whether or not that worker is busy,
-    i.e. a queue of its own at the per-worker rate (M/G/1 at rate ÷ c)."""
+    i.e. a queue of its own at the per-worker rate (M/G/1 at rate ÷ c) — or, when the
+    prefix is held on several workers (``w.affinity_holders``), the shortest of their
+    queues (:func:`.queueing.jsq_wait`). The wait is the mixture of those parts."""
     pooled = mgc_wait(w.rate_rps, mean_s, workers, cv2, w.arrival_cv2)
     over_pooled = _wait_cdf_inv(pooled.p_wait, pooled.mean_s)
     a = _affinity_routed(w, workers, params)
     if a <= 0:
         return over_pooled, pooled.p95_s, pooled.p95_s
-    alone = mgc_wait(w.rate_rps / workers, mean_s, 1, cv2, w.arrival_cv2)
-    over_alone = _wait_cdf_inv(alone.p_wait, alone.mean_s)
+    # A followed request joins its prefix's cheapest admitted holder (gateway.router's
+    # follow_prefix): the shortest of that many queues, each fed at the per-worker rate —
+    # per count of holders, weighted by the share of followed requests that had it.
+    parts = [(a * share, jsq_wait(w.rate_rps / workers, mean_s, k, cv2, w.arrival_cv2))
+             for k, share in holder_shares(w, workers)]
+    parts.append((1.0 - a, pooled))
+    # Each part's tail p × exp(−t p ÷ m), inline (mixture_p95 asks at many points).
+    terms = [(wt, q.p_wait, q.mean_s, q.p_wait <= 0 or q.mean_s <= 0) for wt, q in parts]
 
     def over(t: float) -> float:
-        return a * over_alone(t) + (1.0 - a) * over_pooled(t)
-
-    # over() at x − f for many f in one pass (for mixture_p95): each wait_over term inline.
-    pa, ma, pp, mp = alone.p_wait, alone.mean_s, pooled.p_wait, pooled.mean_s
-    dead_a, dead_p = pa <= 0 or ma <= 0, pp <= 0 or mp <= 0
-    b = 1.0 - a
+        if t < 0:
+            return 1.0
+        return sum([wt * (0.0 if dead else p if t == 0 else p * exp(-t * p / m))
+                    for wt, p, m, dead in terms])
 
     def at(x: float, fixed: list[float]) -> list[float]:
-        return [a * (1.0 if (t := x - f) < 0 else 0.0 if dead_a else pa if t == 0
-                     else pa * exp(-t * pa / ma))
-                + b * (1.0 if t < 0 else 0.0 if dead_p else pp if t == 0
-                       else pp * exp(-t * pp / mp))
+        return [1.0 if (t := x - f) < 0 else
+                sum([wt * (0.0 if dead else p if t == 0 else p * exp(-t * p / m))
+                     for wt, p, m, dead in terms])
                 for f in fixed]
 
     over.at = at
 
-    bound = max(alone.p95_s, pooled.p95_s)
+    bound = max(q.p95_s for _wt, q in parts)
     return over, bound, _mixture_p95([0.0], over, bound) if bound > 0 else 0.0
+
+
+def holder_shares(w: Workload, workers: int) -> list[tuple[float, float]]:
+    """(holders, share of followed requests) from ``w.affinity_holders``, each count within
+    [1, workers] and the shares summing to 1; one holder each when unknown or malformed."""
+    pairs = []
+    for item in w.affinity_holders or ():
+        try:
+            k, share = float(item[0]), float(item[1])
+        except (TypeError, ValueError, IndexError):
+            continue
+        if math.isfinite(k) and math.isfinite(share) and share > 0:
+            pairs.append((min(max(k, 1.0), float(max(workers, 1))), share))
+    total = sum(x for _k, x in pairs)
+    return [(k, x / total) for k, x in pairs] if total > 0 else [(1.0, 1.0)]
 
 
 def p95_length(w: Workload, pts: tuple[float, ...]) -> float:

@@ -63,6 +63,38 @@ def mgc_wait(
     return QueueWait(rho, p_wait, mean, p95)
 
 
+def jsq_wait(
+    rate: float, service_s: float, choices: float, service_cv2: float = 1.0,
+    arrival_cv2: float = 1.0,
+) -> QueueWait:
+    """The wait of a request that joins the shortest of ``choices`` queues, each a single
+    server fed at ``rate`` (the supermarket model; Vvedenskaya, Dobrushin and Karpelevich
+    1996, Mitzenmacher 2001): in the mean-field limit a share s_i = ρ^((d^i − 1)/(d − 1)) of
+    the queues hold at least i requests, so the shortest of d holds at least i with
+    probability s_i^d = s_(i+1) ÷ ρ. The probability of waiting is ρ^d, and the mean number
+    ahead Σ_(i≥2) s_i ÷ ρ, against ρ ÷ (1 − ρ) for one queue: the one queue's G/G/1 mean
+    wait (:func:`mgc_wait`, c = 1) is scaled by that ratio, so one choice is that queue
+    exactly and a fractional ``choices`` (a mean over requests) lies between. Exponential
+    tail given a wait, as in :func:`mgc_wait`."""
+    alone = mgc_wait(rate, service_s, 1, service_cv2, arrival_cv2)
+    d = choices if math.isfinite(choices) else 1.0
+    rho = alone.utilisation
+    if d <= 1.0 + 1e-9 or rho <= 0 or rho >= 1 or alone.mean_s <= 0:
+        return alone
+    log_rho = math.log(rho)
+    ahead, i = 0.0, 2
+    while i < 100_000:  # s_i falls at least as fast as ρ^i
+        term = math.exp(log_rho * (d ** i - 1.0) / (d - 1.0) - log_rho) if d ** i < 1e300 else 0.0
+        ahead += term
+        if term < 1e-12 * max(ahead, 1e-300):
+            break
+        i += 1
+    p_wait = rho ** d
+    mean = alone.mean_s * ahead / (rho / (1.0 - rho))
+    p95 = (mean / p_wait) * math.log(p_wait / 0.05) if p_wait > 0.05 and mean > 0 else 0.0
+    return QueueWait(rho, p_wait, mean, p95)
+
+
 # --- A queue over a finite horizon --------------------------------------------------------
 
 

@@ -232,6 +232,16 @@ def test_prefix_affinity_ties_go_to_the_cheaper_holder():
     plan = plan_request(model_of([w("A"), w("B"), w("C")]), 10 * BS, cached, loads,
                         random.Random(0))
     assert plan.decode == "C" and plan.reason == "kv_prefix"
+    # The plan says how many holders of the best match it chose among (the cost model's
+    # dispatch reads their mean); a decision by cost names none.
+    assert plan.holders == 2
+    loads["A"] = WorkerLoad(0, 0, 0)
+    plan = plan_request(model_of([w("A"), w("B"), w("C")]), 10 * BS, {"B": 8 * BS,
+                        "C": 4 * BS}, loads, random.Random(0))
+    assert plan.reason == "kv_prefix" and plan.holders == 1
+    plan = plan_request(model_of([w("A"), w("B"), w("C")]), 10 * BS, {}, loads,
+                        random.Random(0))
+    assert plan.reason == "kv_aware" and plan.holders == 0
 
 
 def test_conditional_decode_stage_follows_prefix_too():

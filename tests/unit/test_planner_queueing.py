@@ -74,6 +74,26 @@ def test_a_measured_affinity_share_replaces_the_bound():
     assert none.ttft_p95_s <= half.ttft_p95_s <= bound.ttft_p95_s
 
 
+def test_a_prefix_held_on_several_workers_waits_less_than_on_one():
+    # The gateway follows the cheapest admitted holder (gateway.router.follow_prefix): a
+    # prefix held on three workers joins the shortest of three queues. Between the holder's
+    # own queue (one holder, the default) and the pooled queue; a mix lies between its parts.
+    w = replace(RAG, rate_rps=12.0, affinity_share=1.0)  # ρ ≈ 0.64 (capacity 18.6 req/s)
+    one = predict_aggregated(L70_FP8, H200, 8, w)
+    assert predict_aggregated(L70_FP8, H200, 8, replace(w, affinity_holders=((1, 1.0),))
+                              ).ttft_p95_s == one.ttft_p95_s
+    three = predict_aggregated(L70_FP8, H200, 8, replace(w, affinity_holders=((3, 1.0),)))
+    pooled = predict_aggregated(L70_FP8, H200, 8, w, CostParams(prefix_min_match=0.0))
+    mixed = predict_aggregated(L70_FP8, H200, 8, replace(w, affinity_holders=((1, 0.5),
+                                                                              (3, 0.5))))
+    assert pooled.ttft_p95_s <= three.ttft_p95_s < mixed.ttft_p95_s < one.ttft_p95_s
+    assert three.utilisation == pytest.approx(one.utilisation)  # the same work
+    # Malformed counts or shares are ignored (one holder each when nothing is left).
+    junk = ((float("nan"), 1.0), ("x", 2.0), (3, -1.0))
+    assert predict_aggregated(L70_FP8, H200, 8, replace(w, affinity_holders=junk)
+                              ).ttft_p95_s == one.ttft_p95_s
+
+
 def test_no_prefix_hit_means_no_affinity_term():
     w = replace(RAG, prefix_hit=0.0)
     a = predict_aggregated(L70_FP8, H200, 8, w)
@@ -308,3 +328,33 @@ def test_a_burst_past_the_prefill_pools_capacity_spares_what_the_decode_pool_pre
     assert long.attainment == pytest.approx(0.375, abs=0.06)
     assert long.attainment > fluid.attainment
     assert long.ttft_p95_s > fluid.ttft_p95_s  # the backlog a long burst leaves
+
+
+# --- Joining the shortest of several holders' queues (dispatch.dispatch_wait) ------------
+
+@given(rho=st.floats(0.01, 0.98), cs2=st.floats(0.0, 4.0), ca2=st.floats(0.2, 4.0),
+       d=st.floats(1.0, 32.0))
+def test_more_holders_never_lengthen_the_wait(rho, cs2, ca2, d):
+    from controlplane.planner.queueing import jsq_wait
+    one = mgc_wait(rho, 1.0, 1, cs2, ca2)
+    got = jsq_wait(rho, 1.0, d, cs2, ca2)
+    more = jsq_wait(rho, 1.0, d + 0.5, cs2, ca2)
+    assert got.utilisation == pytest.approx(rho)
+    assert 0.0 <= got.p_wait <= one.p_wait + 1e-12
+    assert 0.0 <= got.mean_s <= one.mean_s * (1 + 1e-9)
+    assert more.mean_s <= got.mean_s * (1 + 1e-9) and more.p_wait <= got.p_wait + 1e-12
+    assert got.p95_s <= one.p95_s + 1e-9
+
+
+def test_one_holder_is_its_own_queue_and_two_follow_the_supermarket_model():
+    from controlplane.planner.queueing import jsq_wait
+    assert jsq_wait(0.5, 1.0, 1.0) == mgc_wait(0.5, 1.0, 1)
+    # d = 2, ρ = 0.5, exponential service and Poisson arrivals: s_i = ρ^(2^i − 1), so the
+    # shortest of two holds at least i with probability ρ^(2^(i+1) − 2): ahead = 0.25 +
+    # 0.0156 + …; the wait is that many services (one queue: ρ / (1 − ρ) = 1 of them).
+    two = jsq_wait(0.5, 1.0, 2.0)
+    ahead = sum(0.5 ** (2 ** (i + 1) - 2) for i in range(1, 8))
+    assert two.p_wait == pytest.approx(0.25)
+    assert two.mean_s == pytest.approx(ahead, rel=1e-9)
+    # Nearly one holder is nearly its own queue (continuous in the mean count).
+    assert jsq_wait(0.5, 1.0, 1.0001).mean_s == pytest.approx(1.0, rel=1e-3)

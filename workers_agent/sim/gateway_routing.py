@@ -60,6 +60,9 @@ class GatewayRouter:
         self.loads: defaultdict[str, WorkerLoad] = defaultdict(WorkerLoad)
         self.rng = random.Random(seed)
         self.decisions: Counter[str] = Counter()
+        # "kv_prefix" decisions by how many admitted holders of the best match they chose
+        # among (the cost model's dispatch: the shortest of that many queues).
+        self.affinity_holders: Counter[int] = Counter()
         self.model: ModelRoute | None = None
         self.table: dict[str, Any] | None = None
         self._table_key: tuple | None = None
@@ -136,6 +139,8 @@ class GatewayRouter:
         except NoWorkerError:
             return None
         self.decisions[plan.reason] += 1
+        if plan.holders:
+            self.affinity_holders[plan.holders] += 1
         output, weight = self._answer(model, req, fleet)
         self._reservations[req.request_id] = LoadReservation(
             self.loads, plan, req.prompt_tokens, output, bs, weight, now)
