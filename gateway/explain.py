@@ -106,6 +106,8 @@ class DecisionLog:
             "ts": time.time(), "request_id": request_id, "model": model, "rule": rule,
             "reason": plan.reason, "decode": plan.decode, "prefill": plan.prefill,
             "prompt_tokens": prompt_tokens, "cached_tokens": plan.cached_tokens,
+            # Followed by affinity: how many admitted holders of the prefix it chose among.
+            "prefix_holders": plan.holders,
             "avoidable_prefill_tokens": avoidable, "longer_prefix_on": avoidable_on,
             "candidates": [{"worker": s.worker_id, "cost": round(s.cost, 3),
                             "prefill_term": round(s.prefill_term, 3),

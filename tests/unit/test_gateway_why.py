@@ -92,6 +92,9 @@ async def _scenario():
         newest = log["decisions"][0]
         assert newest["avoidable_prefill_tokens"] > 0 and newest["longer_prefix_on"] == holder
         assert newest["candidates"] and newest["rule"] == "cost"
+        assert newest["prefix_holders"] == 0  # by cost: no holder followed
+        followed = log["decisions"][1]
+        assert followed["rule"] == "affinity" and followed["prefix_holders"] == 1
         assert (await client.get(path)).status == 401
     finally:
         await client.close()
