@@ -15,8 +15,9 @@ known schedule:
   of what the past regimes that lasted longer than ``a`` had left at ``a`` (their residual
   life); when none did (no history yet, or this one is the longest seen), it is ``a``
   itself — Lindy's rule: under a scale-free prior, a phase is as likely as not to last as
-  long again as it has lasted. That grows with the age, so a move that pays at all is
-  never blocked forever at a load that stays.
+  long again as it has lasted —, or what the first regime seen (its start unseen, so a
+  lower bound) had at least left at that age, when that is more. That grows with the age,
+  so a move that pays at all is never blocked forever at a load that stays.
 """
 
 from __future__ import annotations
@@ -199,7 +200,17 @@ def load_settled(prev: Regime | None, regime: Regime) -> bool:
 def expected_dwell(regime: Regime, now: float, period: float) -> tuple[float, float, str]:
     """(age, expected remaining seconds, how it was estimated) — see the module docstring.
     A past regime that lasted d was last seen at age d and ended within the next cycle
-    period, so at age a ≤ d it had d − a + period/2 left on average."""
+    period, so at age a ≤ d it had d − a + period/2 left on average.
+
+    A censored regime (the first one, which began before the planner looked) lasted *at
+    least* the L it showed, so it is no sample of a length and stays out of the median. But
+    where no past regime lasted as long as this one has and Lindy's rule would answer ``a``,
+    a censored one that showed L > a says the load's phases here last longer than that: at
+    age a it had at least L − a + period/2 left, and the estimate is the larger of the two.
+    (In the median it would count a bound as a length and pull the estimate down: at
+    L ≈ a it would say half a cycle.) Without it, the first change the planner sees was
+    expected to end as soon as it was seen: a RAG phase 20 s old after a chat phase that
+    had shown 70 s was priced on 20 s, and the move waited a cycle for its age."""
     age = max(now - regime.started_at, 0.0)
     past = [h[0] for h in regime.history if h[0] > 0]  # < 0: a censored length
     longer = sorted(d - age + period / 2 for d in past if d >= age)
@@ -216,6 +227,12 @@ def expected_dwell(regime: Regime, now: float, period: float) -> tuple[float, fl
             ),
         )
     basis = "no past regime lasted as long" if past else "no past regime seen"
+    shown = max((-h[0] for h in regime.history if h[0] < 0), default=0.0)
+    bound = shown - age + period / 2
+    if shown > 0 and age <= shown and bound > age:
+        return age, bound, (
+            f"{basis}, but the first one seen (its start unseen) lasted at least "
+            f"{shown:,.0f} s: at least {bound:,.0f} s left at this one's {age:,.0f} s")
     return age, age, f"{basis}: as long again as its {age:,.0f} s so far (Lindy)"
 
 

@@ -56,7 +56,8 @@ load_st = st.builds(
 )
 history_st = st.lists(
     st.tuples(
-        st.floats(30, 300),
+        # < 0: a censored length (the first regime seen, its start unseen)
+        st.one_of(st.floats(30, 300), st.floats(-600, -30)),
         st.floats(0.5, 40),
         st.floats(100, 12000),
         st.floats(20, 1200),
@@ -169,8 +170,12 @@ def test_expected_dwell_from_past_regimes_then_lindy():
     age, rest, basis = expected_dwell(r, 60.0, 30.0)
     assert age == 60.0 and rest == ((90 - 60 + 15) + (150 - 60 + 15)) / 2
     assert "2 of 2 past load regimes" in basis  # the censored one does not count
+    # Older than every uncensored one: the censored regime showed 400 s, so at least
+    # 400 − 200 + 15 s are left, more than Lindy's 200.
     age, rest, basis = expected_dwell(r, 200.0, 30.0)
-    assert rest == age == 200.0 and "Lindy" in basis
+    assert age == 200.0 and rest == 215.0 and "at least 400 s" in basis
+    age, rest, basis = expected_dwell(r, 300.0, 30.0)
+    assert rest == age == 300.0 and "Lindy" in basis
     # What followed regimes like this one: here every past one is like it, and each was
     # followed by the same load.
     mix, basis = next_mix(r, LoadInput(10, 10, 1000, None, 300, 0.5), 0.25)
@@ -188,6 +193,25 @@ def test_expected_dwell_from_past_regimes_then_lindy():
     )
     assert sorted(round(w, 3) for w, _m in mix) == [0.333, 0.333, 0.333]
     assert basis == "the past regimes' mix"
+
+
+@given(history=history_st, age=st.floats(0, 900), period=st.floats(5, 60))
+def test_a_censored_regime_only_lengthens_the_lindy_estimate(history, age, period):
+    """A censored length is a lower bound: it never enters the median of past lengths, and
+    where Lindy's rule answers it can only raise the estimate, to what it had at least left
+    (its length − the age + half a period)."""
+    ref = (10.0, 1000.0, 300.0, 0.5, 0.0, 0.0)
+    r = Regime(0.0, age, ref, 2, tuple(history))
+    uncensored = Regime(0.0, age, ref, 2, tuple(h for h in history if h[0] > 0))
+    _, rest, _ = expected_dwell(r, age, period)
+    _, without, _ = expected_dwell(uncensored, age, period)
+    shown = max([-h[0] for h in history if h[0] < 0], default=0.0)
+    if any(h[0] >= age for h in history if h[0] > 0):  # the median of past lengths
+        assert rest == without
+    else:
+        bound = shown - age + period / 2 if shown > 0 and age <= shown else 0.0
+        assert without == age and rest == max(age, bound)
+    assert rest >= age or rest == without
 
 
 def test_the_explanation_says_why_a_move_does_not_pay():
