@@ -16,8 +16,9 @@ known schedule:
   life); when none did (no history yet, or this one is the longest seen), it is ``a``
   itself — Lindy's rule: under a scale-free prior, a phase is as likely as not to last as
   long again as it has lasted —, or what the first regime seen (its start unseen, so a
-  lower bound) had at least left at that age, when that is more. That grows with the age,
-  so a move that pays at all is never blocked forever at a load that stays.
+  lower bound) had at least left at that age, when that is more. That bound shrinks with
+  the age and gives way to Lindy's, which grows with it, so a move that pays at all is
+  never blocked forever at a load that stays.
 """
 
 from __future__ import annotations
@@ -226,13 +227,15 @@ def expected_dwell(regime: Regime, now: float, period: float) -> tuple[float, fl
                 "left at that age"
             ),
         )
-    basis = "no past regime lasted as long" if past else "no past regime seen"
     shown = max((-h[0] for h in regime.history if h[0] < 0), default=0.0)
     bound = shown - age + period / 2
     if shown > 0 and age <= shown and bound > age:
+        known = "lasted as long" if past else "seen"
         return age, bound, (
-            f"{basis}, but the first one seen (its start unseen) lasted at least "
-            f"{shown:,.0f} s: at least {bound:,.0f} s left at this one's {age:,.0f} s")
+            f"no past regime of known length {known}; the first one seen (its start "
+            f"unseen) lasted at least {shown:,.0f} s: at least {bound:,.0f} s left at "
+            f"this one's {age:,.0f} s")
+    basis = "no past regime lasted as long" if past or shown else "no past regime seen"
     return age, age, f"{basis}: as long again as its {age:,.0f} s so far (Lindy)"
 
 
