@@ -295,8 +295,8 @@ def transfer_penalty(request_blocks: float, src: WorkerEntry, dst_id: str) -> fl
     return request_blocks * TRANSFER_WEIGHT * min(max(REF_GBPS / gbps, 0.01), 40.0)
 
 
-def _plan(model: ModelRoute, *args) -> RoutePlan:
-    plan = RoutePlan(*args)
+def _plan(model: ModelRoute, *args, **fields) -> RoutePlan:
+    plan = RoutePlan(*args, **fields)
     plan.ttft_itl_ratio = model.ttft_itl_ratio
     return plan
 
@@ -422,10 +422,8 @@ def plan_request(
         chosen, holders = _choose(model, scores, active, *context, rng, inflow, now)
         if holders:
             reason = "kv_prefix"
-        plan = _plan(model, chosen.worker_id, None, reason, int(chosen.cached_blocks * bs),
-                     scores)
-        plan.holders = holders
-        return plan
+        return _plan(model, chosen.worker_id, None, reason, int(chosen.cached_blocks * bs),
+                     scores, holders=holders)
 
     # P/D: decode first. In conditional mode the decode worker may prefill locally, so its
     # cached prefix counts; in disaggregated mode the decode stage ignores cache credit.
