@@ -71,6 +71,7 @@ from shift_workloads import DEMO_SCALE, build_workload  # noqa: E402
 from controlplane.planner.calibration import CalibrationBook, LoadPoint  # noqa: E402
 from controlplane.planner.costmodel import DEFAULT_PARAMS  # noqa: E402
 from controlplane.planner.derive import (  # noqa: E402
+    FirstTokens,
     LoadSmoother,
     carry_mix,
     counting_roles,
@@ -78,6 +79,7 @@ from controlplane.planner.derive import (  # noqa: E402
     in_system,
     local_prefill_share,
     with_arrivals,
+    with_arriving_mix,
 )
 from controlplane.planner.placement import Topology, WorkerInput  # noqa: E402
 from controlplane.planner.planner import (  # noqa: E402
@@ -124,6 +126,7 @@ class ProductLoop:
         self.changed_at: dict[str, float] = {}
         self.peak = 0.0
         self.held: int | None = None  # requests the engines held at the last cycle
+        self.waiting: int | None = None  # of those, waiting in the engines' queues
         self.memory = None
         self.regime = None  # the load regime the planner remembers (record.regime)
         self.book = CalibrationBook({})
@@ -219,6 +222,19 @@ class ProductLoop:
         return replace(load, local_prefill_share=share,
                        local_prefill_source="prompt histogram (bench interval)")
 
+    def first_tokens(self, snap, now: float, workers) -> FirstTokens | None:
+        """The window's first tokens as the engines' TTFT histogram count and prompt-token
+        counter give them, beside its finished requests and the change in those queued."""
+        waiting = sum(max(w.waiting, 0) for w in workers)
+        before, self.waiting = self.waiting, waiting
+        prompts = _first_token_prompts(snap, now)
+        if not prompts:
+            return None
+        dt = snap.interval_s
+        return FirstTokens(len(prompts) / dt, sum(prompts) / len(prompts), dt,
+                           len(self.prompts_done),
+                           waiting - before if before is not None else None)
+
     def fleet_p95(self, snap) -> tuple[float | None, float | None]:
         """TTFT and token-gap p95 (ms) over the interval, as merged histograms give them;
         the interval's mean token gap (the ITL histogram's sum ÷ count) in ``itl_mean_ms``."""
@@ -268,6 +284,9 @@ class ProductLoop:
         self.held = held
         if backlog:
             self.peak = load.peak_rps
+        # As the live path: the mix the requests starting in the window bring, when it
+        # differs from the finished one's past noise.
+        load, mixed = with_arriving_mix(load, self.first_tokens(snap, now, workers))
         bucket, cal = self.book.factors_for(dl.isl_mean, dl.osl_mean, sm.rate_rps)
         inp = ModelInput(1, self.model, shape(self.cluster), tuple(workers), load, self.policy,
                          self.links, cal.apply(DEFAULT_PARAMS), memory=self.memory,
@@ -282,7 +301,7 @@ class ProductLoop:
                 LoadPoint(sm.rate_rps, sm.isl_mean, sm.osl_mean),
                 d.current_now.ttft_p95_s / cal.ttft_factor, ttft_ms / 1000 if ttft_ms else None,
                 d.current_now.itl_mean_s / cal.itl_factor, itl_mean / 1000 if itl_mean else None,
-                first_token_isl, backlog)
+                first_token_isl, backlog or mixed)
         worse = False
         if d.action == "change" and d.reason in MOVING and d.target is not None:
             worse = _predicted_worse(inp, d.target.n_prefill)
@@ -305,7 +324,7 @@ class ProductLoop:
             "measured_ms": (round(ttft_ms) if ttft_ms else None, round(itl_ms) if itl_ms else None),
             # The load the planner was given (after the smoother and the arrivals).
             "load": (round(load.rate_rps, 2), round(load.isl_mean), round(load.osl_mean)),
-            "backlog": backlog,
+            "backlog": backlog, "mix": mixed,
         })
         out = []
         for c in d.changes:
@@ -314,10 +333,15 @@ class ProductLoop:
         return out
 
 
-def _first_token_isl(snap, now: float) -> int | None:
+def _first_token_prompts(snap, now: float) -> list[int]:
+    """Prompt lengths of the requests whose first token came in the window ending now."""
     dt = snap.interval_s
-    got = [r.prompt_tokens for r in (*snap.recent_results, *snap.inflight_results)
-           if r.first_token_time is not None and now - dt <= r.first_token_time < now]
+    return [r.prompt_tokens for r in (*snap.recent_results, *snap.inflight_results)
+            if r.first_token_time is not None and now - dt <= r.first_token_time < now]
+
+
+def _first_token_isl(snap, now: float) -> int | None:
+    got = _first_token_prompts(snap, now)
     return round(sum(got) / len(got)) if got else None
 
 

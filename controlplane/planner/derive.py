@@ -335,3 +335,82 @@ def with_arrivals(load: L, held_now: int, held_before: int | None, window_s: flo
         f"requests {'arrive' if grew else 'arrived'} at {arriving:.2f}/s, not the "
         f"{finished:.2f}/s that finished: the engines hold {held_now:,} against {held_before:,} "
         f"{window_s:g} s ago (a backlog {'filling' if grew else 'draining'})")
+
+
+# The mix arriving differs from the finished one by more than this share of the load's
+# mean prompt (calibration's STABLE_SHIFT: the share past which a window is not compared)
+# *and* by more than MIX_SIGMAS standard errors of the two means: a control chart's limit,
+# as with the backlog test above. Mooncake's prompts spread so widely (p95 ≈ 4× the mean)
+# that a 25 % gap between two windows' means is routine sampling noise there.
+MIX_SHIFT = 0.25
+MIX_SIGMAS = 3.0
+
+
+@dataclass(frozen=True)
+class FirstTokens:
+    """A window's requests seen at their first token, beside those seen finishing.
+
+    ``rate_rps``: first tokens per second (the prefill side's TTFT histogram count ÷ the
+    window); ``prompt_mean``: their mean prompt (its prompt-token counter ÷ that count);
+    ``finished``: requests finished in the window (the count behind the load's prompt
+    figures); ``waiting_change``: the change over the window in requests waiting in the
+    engines' queues (not yet prefilled), None when unknown."""
+
+    rate_rps: float
+    prompt_mean: float
+    window_s: float
+    finished: float
+    waiting_change: int | None = None
+
+
+def prompt_sd(load) -> float | None:
+    """Standard deviation of the load's prompts, from its mean and the lognormal fit of its
+    p50 and p95 (the spread the cost model prices); None without a spread."""
+    mean, p50, p95 = (getattr(load, k, None) for k in ("isl_mean", "isl_p50", "isl_p95"))
+    if not (mean and p50 and p95) or p50 <= 0 or p95 < p50:
+        return None
+    sigma = math.log(p95 / p50) / 1.645
+    return mean * math.sqrt(math.expm1(sigma * sigma))
+
+
+def with_arriving_mix(load: L, first: FirstTokens | None) -> tuple[L, str]:
+    """(load, note): the load as the requests *starting* in the window describe it, when
+    their prompts differ from the finished requests' by more than sampling noise.
+
+    A request is counted as it finishes, a prompt's life after it arrived. Right after the
+    traffic changes kind the finished requests are still the old kind's: in the demo's
+    first RAG window (20 s cycles) they read prompts of 1,047 tokens at 8.6 req/s (chat's
+    backlog finishing) while the requests getting their first token had prompts of 3,933
+    tokens and arrived at 6.5 req/s. Planned on the finished mix, the window holds and the
+    move comes a cycle later, with a third of the RAG phase served in chat's layout.
+
+    The first tokens lead the finishes by a request's decode time, and their count is the
+    rate the fleet starts requests at; with the change in those waiting to start, it is
+    the rate they arrive at (requests are conserved in the queue). The prompt spread of
+    the finished requests is the old mix's, so the new load has the mean only (p50/p95
+    None) until the finishes catch up, one window later. The recent peak is kept, as it is
+    across any change of mix (it is the headroom the planner keeps for a surge of whatever
+    arrives): restarting it at the new rate read 0.977 → 0.952 of the best static layout
+    on the 90 s demo with 20 s cycles (docs/benchmarks.md)."""
+    rate, mean = float(getattr(load, "rate_rps", 0.0) or 0.0), float(load.isl_mean or 0.0)
+    if first is None or rate <= 0 or mean <= 0 or not first.window_s > 0:
+        return load, ""
+    started = first.rate_rps * first.window_s
+    sd = prompt_sd(load)
+    if started < 2 or first.finished < 2 or sd is None or not first.prompt_mean > 0:
+        return load, ""
+    gap = first.prompt_mean - mean
+    noise = sd * math.sqrt(1.0 / started + 1.0 / first.finished)
+    if abs(gap) <= MIX_SHIFT * mean or abs(gap) <= MIX_SIGMAS * noise:
+        return load, ""
+    arriving = first.rate_rps
+    if first.waiting_change is not None:
+        arriving = max(arriving + first.waiting_change / first.window_s, 0.0)
+    if arriving <= 0:
+        return load, ""
+    peak = max(float(getattr(load, "peak_rps", 0.0) or 0.0), arriving)
+    return replace(load, rate_rps=arriving, peak_rps=peak, isl_mean=first.prompt_mean,
+                   isl_p50=None, isl_p95=None), (
+        f"the mix changed: requests starting in the window had prompts of "
+        f"{first.prompt_mean:,.0f} tokens and arrived at {arriving:.2f}/s, those finishing "
+        f"{mean:,.0f} tokens at {rate:.2f}/s (planned on the starting ones)")

@@ -22,6 +22,7 @@ from .calibration import CalibrationBook
 from .costmodel import DEFAULT_PARAMS, Link, ModelSpec, WorkerShape, gpu_profile_for
 from .derive import (
     PEAK_DECAY,
+    FirstTokens,
     _num,
     carry_mix,
     counting_roles,
@@ -29,6 +30,7 @@ from .derive import (
     in_system,
     local_prefill_share,
     with_arrivals,
+    with_arriving_mix,
     worst_p95,
 )
 from .models import OPEN_STATUSES, ModelPlannerState, Plan
@@ -52,7 +54,8 @@ class Measured(NamedTuple):
     # Mean prompt of the window's first tokens (FleetEngineStats.first_token_prompt_mean)
     first_token_prompt_mean: float | None = None
     # Why the window is not a steady state ('' when it is): a backlog filling or draining
-    # (derive.with_arrivals). Calibration does not compare such a window.
+    # (derive.with_arrivals), or a new mix arriving (derive.with_arriving_mix).
+    # Calibration does not compare such a window.
     backlog: str = ""
 
 
@@ -196,7 +199,7 @@ def gather_cluster(cluster: Cluster) -> ClusterInputs:
         peak_before = state.peak_rps
         load = _load(sm, state, wstates, roles)
         ttft, itl, source = measured_latency(sm, wstates)
-        itl_mean = first_token_isl = None
+        itl_mean = first_token_isl = first_tokens = None
         # The engines' own counters and histograms, merged over one window: the load the
         # planner predicts for and the fleet p95 it calibrates against come from the same
         # requests (issue 17, item 3). Old agents send none: the token-rate derivation and
@@ -210,6 +213,7 @@ def gather_cluster(cluster: Cluster) -> ClusterInputs:
                 source = f"fleet histograms ({stats.source}, {stats.window_s:g} s)"
             itl_mean = stats.itl_mean_s
             first_token_isl = stats.first_token_prompt_mean
+            first_tokens = _first_tokens(stats, winputs, state)
         load = _with_affinity(load, sm.name, max(float(policy.rebalance_interval_s), 10.0))
         load = _with_local_prefill(load, sm.name, roles, stats, policy.local_prefill_max_tokens,
                                    max(float(policy.rebalance_interval_s), 10.0))
@@ -220,10 +224,15 @@ def gather_cluster(cluster: Cluster) -> ClusterInputs:
         # window (finished requests are then the fleet's pace, not the load).
         load, backlog = with_arrivals(load, in_system(winputs), _held_before(state),
                                       _window_s(state), peak_before)
-        if backlog:
+        # The mix the requests starting in the window bring, when the finished ones still
+        # read the last kind of traffic (a change of kind, seen a window early).
+        load, mixed = with_arriving_mix(load, first_tokens)
+        if backlog or mixed:
             state.peak_rps = load.peak_rps
         load = replace(load, first_token_isl=first_token_isl)
-        measured[sm.pk] = Measured(ttft, itl, source, itl_mean, first_token_isl, backlog)
+        # Neither window is a steady state for calibration to compare.
+        measured[sm.pk] = Measured(ttft, itl, source, itl_mean, first_token_isl,
+                                   backlog or mixed)
         # The overload rule reads the measured p95s too (ms; None = unknown).
         load = replace(
             load,
@@ -238,7 +247,7 @@ def gather_cluster(cluster: Cluster) -> ClusterInputs:
             f"model error: the {e['metric']} calibration factor wants {e['wanted']:.2f}, "
             f"outside [0.5, 2] (held at {e['held_at']:g}) for workload bucket {bucket}"
             for e in cal.model_errors()
-        ) + ((carried,) if carried else ()) + ((backlog,) if backlog else ())
+        ) + tuple(note for note in (carried, backlog, mixed) if note)
         models.append(ModelInput(
             served_model_id=sm.pk, model=model_spec(sm), shape=WorkerShape(gpu, tp),
             workers=tuple(winputs), load=load, policy=policy, node_links=links,
@@ -249,15 +258,37 @@ def gather_cluster(cluster: Cluster) -> ClusterInputs:
     return ClusterInputs(models, len(nodes), len(stale_nodes), measured, states, snap["at"])
 
 
+def _first_tokens(stats, winputs: list[WorkerInput], state: ModelPlannerState
+                  ) -> FirstTokens | None:
+    """The window's first tokens beside its finished requests (derive.with_arriving_mix);
+    None without both counts."""
+    prompts = stats.request_prompt_tokens
+    if stats.first_token_rate is None or stats.first_token_prompt_mean is None or not prompts:
+        return None
+    window = stats.span_s or stats.window_s
+    before = _last_workers(state)
+    waiting_before = (sum(max(int(_num(w, "waiting")), 0) for w in before)
+                      if before else None)
+    waiting = sum(max(w.waiting, 0) for w in winputs)
+    return FirstTokens(stats.first_token_rate, stats.first_token_prompt_mean, window,
+                       prompts.count,
+                       waiting - waiting_before if waiting_before is not None else None)
+
+
+def _last_workers(state: ModelPlannerState) -> list[dict]:
+    workers = (state.last_inputs or {}).get("workers")
+    return [w for w in workers if isinstance(w, dict)] if isinstance(workers, list) else []
+
+
 def _held_before(state: ModelPlannerState) -> int | None:
     """Requests the engines held at the last cycle (running + waiting, from its stored
     inputs); None when unknown."""
-    workers = (state.last_inputs or {}).get("workers")
-    if not isinstance(workers, list) or not workers:
+    workers = _last_workers(state)
+    if not workers:
         return None
     return in_system(WorkerInput(0, "", "", None, running=int(_num(w, "running")),
                                  waiting=int(_num(w, "waiting")))
-                     for w in workers if isinstance(w, dict))
+                     for w in workers)
 
 
 def _window_s(state: ModelPlannerState) -> float:

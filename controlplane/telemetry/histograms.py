@@ -230,6 +230,9 @@ class FleetEngineStats:
     # leads the finished requests' prompt length by a window; calibration compares only
     # when the two agree (planner.calibration).
     first_token_prompt_mean: float | None = None
+    # Requests that got their first token, per second (the prefill side's TTFT count ÷ the
+    # span its deltas cover): the rate the fleet starts requests at.
+    first_token_rate: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -298,7 +301,13 @@ def fleet_stats(engines: Iterable[tuple[str, EngineDelta | None]], window_s: flo
         itl_mean_s=itl.mean() if itl and itl.sum > 0 else None,
         request_prompt_tokens=prompt,
         first_token_prompt_mean=_per_first_token(pre, ttft),
+        first_token_rate=_per_second(pre, ttft),
     )
+
+
+def _per_second(deltas: list[EngineDelta], h: Histogram | None) -> float | None:
+    seconds = max((d.seconds for d in deltas), default=0.0)
+    return h.count / seconds if h is not None and seconds > 0 else None
 
 
 def _per_first_token(pre: list[EngineDelta], ttft: Histogram | None) -> float | None:

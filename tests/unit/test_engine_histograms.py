@@ -263,6 +263,9 @@ def test_first_token_prompt_mean_counts_the_requests_the_ttft_histogram_counted(
     stats = fleet_stats([("both", window_delta([empty, now], 20))], 20)
     assert stats.first_token_prompt_mean == pytest.approx(4000.0)
     assert stats.prompt_tokens_mean == pytest.approx(1000.0)
+    # 30 first tokens in 20 s: the rate requests started at (40 finished).
+    assert stats.first_token_rate == pytest.approx(1.5)
+    assert stats.request_prompt_tokens.count == 40
     # No TTFT observations (or no counter): unknown, never zero.
     quiet = EngineSnapshot(20, {"request_success": 0, "prompt_tokens": 0}, {
         "ttft_s": hist(TTFT_LE, []), "prompt_tokens": hist(TOKEN_LE, [])})

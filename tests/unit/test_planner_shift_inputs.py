@@ -36,10 +36,13 @@ def test_live_load_plans_on_each_window_as_derived():
     log = run["log"]
     assert log
     for e in log:
-        if e["derived"][0] > 0:  # a window with finishes: planned on as derived
-            # (at the arriving rate where a backlog filled or drained: derive.with_arrivals)
+        if e["derived"][0] > 0 and not e["mix"]:  # a window with finishes: planned on as
+            # derived (at the arriving rate where a backlog filled or drained:
+            # derive.with_arrivals)
             assert e["load"][1:] == e["derived"][1:], e
             assert e["load"][0] == e["derived"][0] or e["backlog"], e
+        elif e["mix"]:  # a new mix: the requests starting in the window (with_arriving_mix)
+            assert e["load"][1] == e["first_token_isl"], e
         assert not e["worse"]
 
 
