@@ -57,14 +57,16 @@ def summarise(runs: list[dict]) -> dict:
             "plans": [f"{e['t']:.0f}s {e['phase']}: {e['reason']} {e['label']} → {e['target']}"
                       for e in log if e["action"] == "change"],
             # Every cycle with its inputs (the planner's load: smoothed, at the arriving rate
-            # in a backlog; as derived, the window's arrivals, finishes and first-token
-            # prompt length, measured p95s), not only the changes.
+            # in a backlog, the starting requests' after a change of mix; as derived, the
+            # window's arrivals, finishes and first-token prompt length, measured p95s), not
+            # only the changes.
             "cycles": [f"{e['t']:.0f}s {e['phase']}: {e['action']} {e['reason']} "
                        f"{e['label']} → {e['target']}; load {e['load']} derived "
                        f"{e.get('derived')} arrived {e.get('arrived')} finished "
                        f"{e.get('finished')} first-token prompt {e.get('first_token_isl')} "
                        f"measured {e['measured_ms']}"
-                       + (" backlog" if e.get("backlog") else "") for e in log],
+                       + (" backlog" if e.get("backlog") else "")
+                       + (" new-mix" if e.get("mix") else "") for e in log],
         }
 
     def agg(key, fn):
